@@ -1,0 +1,1 @@
+"""meshtrain_runtime: the in-host runtime (bootstrap, state, transform) built on torch."""

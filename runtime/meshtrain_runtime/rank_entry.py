@@ -1,0 +1,106 @@
+"""Run one rank's copy of the user's entry point and end the process cleanly.
+
+torchrun starts ``python -m meshtrain_runtime.rank_entry <script.py> <args...>`` on every rank.
+The wrapper runs the script as ``__main__`` (like ``python script.py``), records a failing rank's
+traceback where the bootstrap finds it, and ends the rank with barrier -> destroy_process_group ->
+flush -> ``os._exit``: gloo's worker threads can otherwise abort a successful process at exit
+("terminate called without an active exception"), which torchrun would report as a failure.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, SM_CURRENT_HOST
+
+USER_ERROR_EXIT_CODE = 1
+
+
+def record_failure(error: BaseException, error_dir: str | None) -> None:
+    """Write this rank's exception to `<error_dir>/rank-<RANK>.json` for the bootstrap."""
+    if not error_dir:
+        return
+    rank = os.environ.get("RANK", "0")
+    report = {
+        "rank": int(rank),
+        "host": os.environ.get(SM_CURRENT_HOST, ""),
+        "message": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+        "time": time.time(),
+    }
+    path = Path(error_dir) / f"rank-{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report))
+
+
+def _exit_code(exit_request: SystemExit) -> int:
+    code = exit_request.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return USER_ERROR_EXIT_CODE
+
+
+def shutdown_distributed(success: bool) -> None:
+    """Synchronise and tear down torch.distributed if the script left it initialised."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if success:
+            dist.barrier()
+        dist.destroy_process_group()
+    except Exception as error:  # teardown must not turn a finished run into a crash
+        print(f"meshtrain: process group teardown failed: {error}", file=sys.stderr)
+
+
+def end_process(code: int) -> None:
+    """Run atexit handlers, flush stdio and leave without C++ static destructors."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def run_entry_point(script: str, args: list[str]) -> int:
+    """Run `script` as __main__ with `args`; return the process exit code."""
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exit_request:
+        code = _exit_code(exit_request)
+    except BaseException as error:
+        traceback.print_exc()
+        record_failure(error, os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
+        code = 130 if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT_CODE
+    shutdown_distributed(success=code == 0)
+    return code
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        print("usage: python -m meshtrain_runtime.rank_entry SCRIPT [ARGS...]", file=sys.stderr)
+        end_process(2)
+    end_process(run_entry_point(sys.argv[1], sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""meshtrain: a SageMaker-style training SDK with an open model-parallel runtime."""
+
+from meshtrain.errors import ConfigError, JobFailedError
+
+__all__ = ["ConfigError", "Estimator", "JobFailedError", "TrainingJob"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy: `import meshtrain` stays cheap and free of side effects.
+    if name == "Estimator":
+        from meshtrain.estimator import Estimator
+
+        return Estimator
+    if name == "TrainingJob":
+        from meshtrain.job import TrainingJob
+
+        return TrainingJob
+    raise AttributeError(f"module 'meshtrain' has no attribute {name!r}")

@@ -1,0 +1,47 @@
+"""Turning pydantic validation errors into ConfigErrors a user can act on."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from pydantic import ValidationError
+
+from meshtrain.errors import ConfigError
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A ' Did you mean X?' suffix when `word` is close to one of `choices`, else ''."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _location(prefix: str, loc: tuple) -> str:
+    parts = [prefix] if prefix else []
+    parts += [str(p) for p in loc if not str(p).startswith("function-")]
+    return ".".join(parts) or "<root>"
+
+
+def config_error_from(
+    error: ValidationError, *, prefix: str, known_keys: dict[str, Iterable[str]]
+) -> ConfigError:
+    """One ConfigError listing every problem in `error`, each with its key and a fix."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        where = _location(prefix, loc)
+        if item["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in loc[:-1])
+            hint = did_you_mean(loc[-1], known_keys.get(parent, ()))
+            allowed = ", ".join(sorted(known_keys.get(parent, ())))
+            lines.append(f"{where}: unknown key.{hint} Allowed keys: {allowed}.")
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            given = "" if item["type"] == "value_error" else f" (got {_short(item.get('input'))})"
+            lines.append(f"{where}: {msg}{given}.")
+    return ConfigError("Invalid distribution: " + " ".join(lines))
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,134 @@
+"""Resolving SMP degrees against a real world size, with the arithmetic in every error.
+
+Rank layout (one mesh, outermost first): ``replicate x shard x tp``. Tensor-parallel groups are
+contiguous global ranks (``tp_rank = rank % tp``), as in SMP's example scripts. Expert parallelism
+is carved out of the sharding group (torchtitan's layout): ``shard = shard_mod_ep x ep``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshtrain.contract.distribution import SMPParameters
+from meshtrain.errors import ConfigError
+
+_RESHARD_AFTER_FORWARD = {
+    "full_shard": True,
+    "hybrid_shard": True,
+    "shard_grad_op": False,
+    "_hybrid_shard_zero2": False,
+    "no_shard": False,
+}
+
+
+@dataclass(frozen=True)
+class ResolvedDegrees:
+    """Validated parallel sizes for one world; their product is the world size."""
+
+    world_size: int
+    replicate_degree: int
+    hybrid_shard_degree: int
+    tensor_parallel_degree: int
+    context_parallel_degree: int
+    expert_parallel_degree: int
+    sharding_strategy: str
+
+    @property
+    def data_parallel_degree(self) -> int:
+        """Ranks that see different data: everything but tensor parallelism."""
+        return self.replicate_degree * self.hybrid_shard_degree
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        return _RESHARD_AFTER_FORWARD[self.sharding_strategy]
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        return (self.replicate_degree, self.hybrid_shard_degree, self.tensor_parallel_degree)
+
+
+def _divisors(n: int) -> str:
+    values = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(str(v) for v in values[:-1]) + (" or " if len(values) > 1 else "") + str(
+        values[-1]
+    )
+
+
+def resolve_degrees(
+    params: SMPParameters,
+    world_size: int,
+    *,
+    ranks_per_host: int | None = None,
+    world_description: str = "",
+) -> ResolvedDegrees:
+    """Resolve `params` against `world_size` ranks; raise ConfigError with the arithmetic.
+
+    `world_description` (e.g. "2 hosts x 4 processes") is quoted in errors.
+    """
+    where = f"world size {world_size}" + (f" ({world_description})" if world_description else "")
+    tp = _check_divides("tensor_parallel_degree", params.tensor_parallel_degree, world_size, where)
+    dp = world_size // tp
+    shard = _resolve_shard(params, dp, tp, where, ranks_per_host)
+    cp = params.context_parallel_degree
+    if cp > shard or shard % cp:
+        raise ConfigError(
+            f"context_parallel_degree={cp} must divide the resolved hybrid_shard_degree={shard} "
+            f"({where}): the context-parallel group is carved out of the sharding group. "
+            f"Use context_parallel_degree {_divisors(shard)}."
+        )
+    ep = params.expert_parallel_degree
+    if shard % ep:
+        raise ConfigError(
+            f"expert_parallel_degree={ep} must divide the resolved hybrid_shard_degree={shard} "
+            f"({where}): experts are split within the sharding group. Use "
+            f"expert_parallel_degree {_divisors(shard)}, or a hybrid_shard_degree that is a "
+            f"multiple of {ep}."
+        )
+    strategy = _resolve_strategy(params.sharding_strategy, shard, dp)
+    return ResolvedDegrees(
+        world_size=world_size,
+        replicate_degree=dp // shard,
+        hybrid_shard_degree=shard,
+        tensor_parallel_degree=tp,
+        context_parallel_degree=cp,
+        expert_parallel_degree=ep,
+        sharding_strategy=strategy,
+    )
+
+
+def _check_divides(name: str, degree: int, world_size: int, where: str) -> int:
+    if degree > world_size or world_size % degree:
+        raise ConfigError(
+            f"{name}={degree} does not divide {where}. Use {_divisors(world_size)}."
+        )
+    return degree
+
+
+def _resolve_shard(
+    params: SMPParameters, dp: int, tp: int, where: str, ranks_per_host: int | None
+) -> int:
+    hsd = params.hybrid_shard_degree
+    if hsd == 0:
+        hybrid = params.sharding_strategy in ("hybrid_shard", "_hybrid_shard_zero2")
+        if hybrid and ranks_per_host and ranks_per_host % tp == 0:
+            return min(ranks_per_host // tp, dp)  # SMP H0: hybrid strategies shard within a host
+        return 1 if params.sharding_strategy == "no_shard" else dp
+    if hsd > dp or dp % hsd:
+        tp_part = f" / tensor_parallel_degree={tp}" if tp > 1 else ""
+        raise ConfigError(
+            f"hybrid_shard_degree={hsd} does not divide the data-parallel size {dp} "
+            f"({where}{tp_part}). Use {_divisors(dp)}, or 0 for the largest possible."
+        )
+    return hsd
+
+
+def _resolve_strategy(strategy: str | None, shard: int, dp: int) -> str:
+    if strategy is None:
+        if shard == 1:
+            return "no_shard"
+        return "full_shard" if shard == dp else "hybrid_shard"
+    if strategy == "full_shard" and shard != dp:
+        return "hybrid_shard"  # SMP H2: a degree below the data-parallel size means hybrid
+    if strategy == "shard_grad_op" and shard != dp:
+        return "_hybrid_shard_zero2"
+    return strategy

@@ -1,0 +1,287 @@
+"""The `distribution` dict: SageMaker's shapes and SMP v2's parameters, validated.
+
+Accepted shapes (SageMaker Python SDK v2, contract §2.1):
+
+    {"torch_distributed": {"enabled": True, "processes_per_host": 4},
+     "smdistributed": {"modelparallel": {"enabled": True,
+                                         "parameters": {...} | "path/to/params.json"}}}
+
+`processes_per_host` and the keys marked "meshtrain extension" below are not part of SMP v2;
+everything else keeps SMP's names, types, defaults and ranges (contract §1.1-1.2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from meshtrain.contract._messages import config_error_from, did_you_mean
+from meshtrain.errors import ConfigError
+
+ShardingStrategy = Literal[
+    "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"
+]
+MixedPrecision = Literal["bf16", "fp16", "fp32"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class SMPParameters(_Strict):
+    """SMP v2 core parameters plus meshtrain's documented extensions."""
+
+    # --- SMP v2 keys (names, types, defaults and ranges as documented by AWS) ---
+    hybrid_shard_degree: int = Field(0, ge=0)
+    sm_activation_offloading: bool = True
+    activation_loading_horizon: int = Field(2, ge=1)
+    fsdp_cache_flush_warnings: bool = True
+    allow_empty_shards: bool = False
+    tensor_parallel_degree: int = Field(1, ge=1)
+    context_parallel_degree: int = Field(1, ge=1)
+    expert_parallel_degree: int = Field(1, ge=1)
+    random_seed: int | None = None
+    # --- meshtrain extensions ---
+    activation_checkpointing: bool = False
+    """Checkpoint every transformer block (or every n-th, see the interval)."""
+    activation_checkpointing_interval: int = Field(1, ge=1)
+    """With checkpointing on, checkpoint blocks 0, n, 2n, ... (1 = every block)."""
+    activation_offloading: bool = False
+    """Offload the inputs of checkpointed blocks to host memory (needs checkpointing)."""
+    sharding_strategy: ShardingStrategy | None = None
+    """FSDP strategy; None derives it from hybrid_shard_degree as SMP does."""
+    mixed_precision: MixedPrecision | None = None
+    cpu_offload: bool = False
+    sequence_parallel: bool = False
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> SMPParameters:
+        self._check_expert_and_tensor()
+        self._check_context_vs_shard()
+        self._check_offloading()
+        self._check_strategy_vs_degree()
+        return self
+
+    def _check_expert_and_tensor(self) -> None:
+        ep, tp = self.expert_parallel_degree, self.tensor_parallel_degree
+        if ep > 1 and tp > 1:
+            raise ValueError(
+                f"expert_parallel_degree={ep} with tensor_parallel_degree={tp}: expert "
+                "parallelism is not compatible with tensor parallelism (as in SMP v2). "
+                "Set one of them to 1."
+            )
+
+    def _check_context_vs_shard(self) -> None:
+        cp, hsd = self.context_parallel_degree, self.hybrid_shard_degree
+        if hsd != 0 and cp > hsd:
+            raise ValueError(
+                f"context_parallel_degree={cp} > hybrid_shard_degree={hsd}: the context-parallel "
+                f"group is carved out of the sharding group. Use hybrid_shard_degree >= {cp} "
+                "(or 0 for the largest possible)."
+            )
+
+    def _check_offloading(self) -> None:
+        if self.activation_offloading and not self.activation_checkpointing:
+            raise ValueError(
+                "activation_offloading=True offloads the inputs of checkpointed blocks, but "
+                "activation_checkpointing is False. Set activation_checkpointing=True as well."
+            )
+
+    def _check_strategy_vs_degree(self) -> None:
+        strategy, hsd = self.sharding_strategy, self.hybrid_shard_degree
+        if strategy == "no_shard" and hsd >= 2:
+            raise ValueError(
+                f"sharding_strategy='no_shard' contradicts hybrid_shard_degree={hsd} (which "
+                "shards parameters). Use hybrid_shard_degree=1, or drop sharding_strategy."
+            )
+        if strategy is not None and strategy != "no_shard" and hsd == 1:
+            raise ValueError(
+                    f"sharding_strategy={strategy!r} contradicts hybrid_shard_degree=1 (no "
+                    "sharding). Use sharding_strategy='no_shard', or hybrid_shard_degree 0 or >= 2."
+                )
+
+    @property
+    def tp_size(self) -> int:
+        return self.tensor_parallel_degree
+
+    @property
+    def ep_size(self) -> int:
+        return self.expert_parallel_degree
+
+
+class TorchDistributed(_Strict):
+    enabled: bool = False
+    processes_per_host: int | None = Field(None, ge=1)
+    """meshtrain extension: processes per host (default: GPUs on the host, else 1)."""
+
+
+class ModelParallel(_Strict):
+    enabled: bool = False
+    parameters: SMPParameters = SMPParameters()
+
+
+class SMDistributed(_Strict):
+    modelparallel: ModelParallel | None = None
+
+
+_UNSUPPORTED_SHAPES = {
+    "mpi": "MPI launching is not run by meshtrain; use {'torch_distributed': {'enabled': True}}",
+    "pytorchddp": "use {'torch_distributed': {'enabled': True}} (torchrun runs DDP scripts as is)",
+    "parameter_server": "parameter servers are a TensorFlow strategy; use torch_distributed",
+    "pytorchxla": "XLA is not supported; use torch_distributed",
+    "multi_worker_mirrored_strategy": "a TensorFlow strategy; use torch_distributed",
+    "instance_groups": "heterogeneous clusters are not supported yet; use one instance type",
+}
+_UNSUPPORTED_SMDISTRIBUTED = {
+    "dataparallel": "SMDDP is not run by meshtrain; use {'torch_distributed': {'enabled': True}}, "
+    "whose collectives (NCCL/gloo) serve data parallelism",
+}
+
+
+class DistributionConfig(_Strict):
+    """A validated `distribution` dict. Build it with `DistributionConfig.from_dict`."""
+
+    torch_distributed: TorchDistributed = TorchDistributed()
+    smdistributed: SMDistributed | None = None
+    _raw_parameters: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _smp_needs_torchrun(self) -> DistributionConfig:
+        if self.model_parallel_enabled and not self.torch_distributed.enabled:
+            raise ValueError(
+                "smdistributed.modelparallel (SMP v2) runs under torchrun: add "
+                "'torch_distributed': {'enabled': True} to the distribution"
+            )
+        return self
+
+    @classmethod
+    def from_dict(cls, distribution: Any, *, base_dir: Path | None = None) -> DistributionConfig:
+        """Validate a SageMaker-style distribution dict; every problem is a ConfigError."""
+        if distribution is None:
+            return cls()
+        if not isinstance(distribution, dict):
+            raise ConfigError(
+                f"distribution must be a dict, got {type(distribution).__name__}. Example: "
+                "{'torch_distributed': {'enabled': True}}"
+            )
+        _reject_unsupported_shapes(distribution)
+        data, raw_parameters = _load_parameters(distribution, base_dir)
+        try:
+            config = cls.model_validate(data)
+        except ValidationError as error:
+            raise config_error_from(error, prefix="distribution", known_keys=_KNOWN_KEYS) from None
+        config._raw_parameters = raw_parameters
+        return config
+
+    @property
+    def raw_parameters(self) -> dict[str, Any]:
+        """The SMP parameters exactly as given: what SageMaker sends as `mp_parameters`."""
+        return dict(self._raw_parameters)
+
+    @property
+    def model_parallel_enabled(self) -> bool:
+        mp = self.smdistributed.modelparallel if self.smdistributed else None
+        return bool(mp and mp.enabled)
+
+    @property
+    def smp(self) -> SMPParameters:
+        """SMP parameters in force (defaults when model parallelism is not enabled)."""
+        if self.model_parallel_enabled:
+            return self.smdistributed.modelparallel.parameters  # type: ignore[union-attr]
+        return SMPParameters()
+
+    def processes_per_host(self, num_gpus: int) -> int:
+        """Processes torchrun starts per host: the explicit value, else GPUs, else 1."""
+        if self.torch_distributed.processes_per_host:
+            return self.torch_distributed.processes_per_host
+        return max(num_gpus, 1) if self.torch_distributed.enabled else 1
+
+
+def _reject_unsupported_shapes(distribution: dict) -> None:
+    for key, advice in _UNSUPPORTED_SHAPES.items():
+        if key in distribution:
+            raise ConfigError(f"distribution[{key!r}] is not supported by meshtrain: {advice}.")
+    smd = distribution.get("smdistributed")
+    if smd is not None and not isinstance(smd, dict):
+        raise ConfigError("distribution['smdistributed'] must be a dict such as "
+                          "{'modelparallel': {'enabled': True, 'parameters': {...}}}")
+    for key, advice in _UNSUPPORTED_SMDISTRIBUTED.items():
+        if smd and key in smd:
+            raise ConfigError(
+                f"distribution['smdistributed'][{key!r}] is not supported by meshtrain: {advice}."
+            )
+
+
+def _load_parameters(distribution: dict, base_dir: Path | None) -> tuple[dict, dict]:
+    """Resolve `parameters` given as a JSON file path; return (data, raw parameters)."""
+    smd = distribution.get("smdistributed") or {}
+    mp = smd.get("modelparallel") if isinstance(smd, dict) else None
+    if not isinstance(mp, dict) or "parameters" not in mp:
+        return distribution, {}
+    params = mp["parameters"]
+    if isinstance(params, str | Path):
+        params = _read_parameters_file(Path(params) if base_dir is None else base_dir / params)
+    if not isinstance(params, dict):
+        raise ConfigError(
+            "distribution.smdistributed.modelparallel.parameters must be a dict or a path to a "
+            f"JSON file, got {type(params).__name__}"
+        )
+    data = {**distribution, "smdistributed": {**smd, "modelparallel": {**mp, "parameters": params}}}
+    return data, dict(params)
+
+
+def _read_parameters_file(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(
+            f"distribution.smdistributed.modelparallel.parameters: {str(path)!r} is not an "
+            "existing file. Pass a dict or the path to a JSON file of SMP parameters."
+        )
+    try:
+        loaded = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"Cannot parse {str(path)!r} as a JSON file of SMP parameters: {error}"
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{str(path)!r} must hold a JSON object of SMP parameters")
+    return loaded
+
+
+def parse_smp_parameters(parameters: Any) -> SMPParameters:
+    """Validate a bare SMP parameters dict (as `init(config)` or `mp_parameters` carry it)."""
+    if not isinstance(parameters, dict):
+        raise ConfigError(
+            f"SMP parameters must be a dict, got {type(parameters).__name__}: {parameters!r}"
+        )
+    try:
+        return SMPParameters.model_validate(parameters)
+    except ValidationError as error:
+        raise config_error_from(error, prefix="parameters", known_keys=_KNOWN_KEYS_BARE) from None
+
+
+def known_smp_keys() -> list[str]:
+    return sorted(SMPParameters.model_fields)
+
+
+_KNOWN_KEYS = {
+    "": ["torch_distributed", "smdistributed"],
+    "torch_distributed": list(TorchDistributed.model_fields),
+    "smdistributed": ["modelparallel"],
+    "smdistributed.modelparallel": list(ModelParallel.model_fields),
+    "smdistributed.modelparallel.parameters": list(SMPParameters.model_fields),
+}
+_KNOWN_KEYS_BARE = {"": list(SMPParameters.model_fields)}
+
+__all__ = [
+    "DistributionConfig",
+    "ModelParallel",
+    "SMDistributed",
+    "SMPParameters",
+    "TorchDistributed",
+    "did_you_mean",
+    "known_smp_keys",
+    "parse_smp_parameters",
+]

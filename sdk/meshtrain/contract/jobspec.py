@@ -1,0 +1,138 @@
+"""JobSpec: everything a backend needs to run one training job, serialisable as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.contract.hyperparameters import encode_hyperparameters
+
+DEFAULT_CONTAINER_LOG_LEVEL = 20  # logging.INFO, as the SageMaker SDK sends it
+
+
+class JobSpec(BaseModel):
+    """What to run, where, with which inputs. Backends turn it into hosts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_name: str
+    entry_point: str
+    """The script's path relative to the source root (sagemaker_program)."""
+    source_dir: str
+    """Local directory packed into sourcedir.tar.gz."""
+    dependencies: list[str] = Field(default_factory=list)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    distribution: dict[str, Any] | None = None
+    instance_type: str = "local"
+    instance_count: int = 1
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """Channel name -> URI (file://, a local path, or s3://)."""
+    input_content_types: dict[str, str] = Field(default_factory=dict)
+    output_path: str | None = None
+    checkpoint_s3_uri: str | None = None
+    checkpoint_local_path: str | None = None
+    environment: dict[str, str] = Field(default_factory=dict)
+    max_run: int = 24 * 60 * 60
+    max_wait: int | None = None
+    use_spot_instances: bool = False
+    volume_size: int = 30
+    input_mode: str = "File"
+    image_uri: str | None = None
+    role: str | None = None
+    tags: list[dict[str, str]] = Field(default_factory=list)
+    metric_definitions: list[dict[str, str]] = Field(default_factory=list)
+    container_log_level: int = DEFAULT_CONTAINER_LOG_LEVEL
+    region: str | None = None
+
+    def distribution_config(self) -> DistributionConfig:
+        return DistributionConfig.from_dict(self.distribution, base_dir=Path(self.source_dir))
+
+    @property
+    def hosts(self) -> list[str]:
+        return [f"algo-{i}" for i in range(1, self.instance_count + 1)]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls.model_validate_json(text)
+
+    def distribution_hyperparameters(self) -> dict[str, Any]:
+        """What the SageMaker SDK's PyTorch estimator adds for the distribution (contract §2.3)."""
+        config = self.distribution_config()
+        if not config.torch_distributed.enabled:
+            return {}
+        extra: dict[str, Any] = {
+            "sagemaker_torch_distributed_enabled": True,
+            "sagemaker_instance_type": self.instance_type,
+        }
+        if config.smdistributed is not None:
+            if config.model_parallel_enabled and config.raw_parameters:
+                extra["mp_parameters"] = config.raw_parameters
+            extra["sagemaker_distributed_dataparallel_enabled"] = False
+        ppn = config.torch_distributed.processes_per_host
+        if ppn:
+            # The toolkit's override of processes per host, also honoured by AWS's images.
+            extra["sagemaker_mpi_num_of_processes_per_host"] = ppn
+        return extra
+
+    def container_hyperparameters(self, submit_directory: str) -> dict[str, str]:
+        """The JSON-encoded HyperParameters map, as CreateTrainingJob (or local mode) gets it."""
+        values: dict[str, Any] = dict(self.hyperparameters)
+        values.update(self.distribution_hyperparameters())
+        values.update({
+            "sagemaker_program": self.entry_point,
+            "sagemaker_submit_directory": submit_directory,
+            "sagemaker_container_log_level": self.container_log_level,
+            "sagemaker_job_name": self.job_name,
+        })
+        if self.region:
+            values["sagemaker_region"] = self.region
+        return encode_hyperparameters(values)
+
+    def resource_config(self, host: str, instance_type: str | None = None) -> dict[str, Any]:
+        """resourceconfig.json for one host, as SageMaker writes it."""
+        instance_type = instance_type or self.instance_type
+        return {
+            "current_host": host,
+            "current_instance_type": instance_type,
+            "current_group_name": "homogeneousCluster",
+            "hosts": self.hosts,
+            "instance_groups": [{
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": instance_type,
+                "hosts": self.hosts,
+            }],
+            "network_interface_name": "eth0",
+        }
+
+    def input_data_config(self) -> dict[str, dict[str, str]]:
+        """inputdataconfig.json: one entry per channel."""
+        config = {}
+        for channel in sorted(self.inputs):
+            entry = {
+                "TrainingInputMode": self.input_mode,
+                "S3DistributionType": "FullyReplicated",
+                "RecordWrapperType": "None",
+            }
+            if channel in self.input_content_types:
+                entry["ContentType"] = self.input_content_types[channel]
+            config[channel] = entry
+        return config
+
+
+def write_host_config(spec: JobSpec, config_dir: Path, host: str, submit_directory: str) -> None:
+    """Write the three config files of one host into `config_dir`."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "hyperparameters.json": spec.container_hyperparameters(submit_directory),
+        "resourceconfig.json": spec.resource_config(host),
+        "inputdataconfig.json": spec.input_data_config(),
+    }
+    for name, content in files.items():
+        (config_dir / name).write_text(json.dumps(content, indent=2, sort_keys=True))
