@@ -33,12 +33,21 @@ def record_failure(error: BaseException, error_dir: str | None) -> None:
         "rank": int(rank),
         "host": os.environ.get(SM_CURRENT_HOST, ""),
         "message": f"{type(error).__name__}: {error}",
-        "traceback": "".join(traceback.format_exception(error)),
+        "traceback": "".join(traceback.format_exception(type(error), error, _user_frames(error))),
         "time": time.time(),
     }
     path = Path(error_dir) / f"rank-{rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report))
+
+
+def _user_frames(error: BaseException):
+    """The traceback without this wrapper's and runpy's frames: users see their own code."""
+    tb = error.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb or error.__traceback__
 
 
 def _exit_code(exit_request: SystemExit) -> int:
@@ -88,7 +97,7 @@ def run_entry_point(script: str, args: list[str]) -> int:
     except SystemExit as exit_request:
         code = _exit_code(exit_request)
     except BaseException as error:
-        traceback.print_exc()
+        traceback.print_exception(type(error), error, _user_frames(error))
         record_failure(error, os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
         code = 130 if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT_CODE
     shutdown_distributed(success=code == 0)

@@ -23,10 +23,12 @@ class JobSpec(BaseModel):
     entry_point: str
     """The script's path relative to the source root (sagemaker_program)."""
     source_dir: str
-    """Local directory packed into sourcedir.tar.gz."""
+    """Local directory packed into sourcedir.tar.gz (or the entry script alone, as the SDK
+    packs it when no source_dir is given)."""
     dependencies: list[str] = Field(default_factory=list)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     distribution: dict[str, Any] | None = None
+    """As the user gave it, with SMP parameters given as a JSON path already read in."""
     instance_type: str = "local"
     instance_count: int = 1
     inputs: dict[str, str] = Field(default_factory=dict)
@@ -49,7 +51,7 @@ class JobSpec(BaseModel):
     region: str | None = None
 
     def distribution_config(self) -> DistributionConfig:
-        return DistributionConfig.from_dict(self.distribution, base_dir=Path(self.source_dir))
+        return DistributionConfig.from_dict(self.distribution)
 
     @property
     def hosts(self) -> list[str]:

@@ -1,0 +1,169 @@
+"""What one host knows from the contract: config files -> a HostContract -> SM_* variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshtrain.contract import env as names
+from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.contract.hyperparameters import (
+    decode_hyperparameters,
+    env_name,
+    env_value,
+    split_hyperparameters,
+    to_cmd_args,
+)
+from meshtrain.contract.paths import OptMLPaths
+
+DEFAULT_MASTER_PORT = 7777  # the toolkit's torchrun master port
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def count_gpus() -> int:
+    """GPUs on this host (MESHTRAIN_NUM_GPUS overrides; torch is not imported here)."""
+    if names.MESHTRAIN_NUM_GPUS in os.environ:
+        return int(os.environ[names.MESHTRAIN_NUM_GPUS])
+    return len([d for d in Path("/dev").glob("nvidia[0-9]*")])
+
+
+@dataclass
+class HostContract:
+    """The host's view of the job, read from /opt/ml/input/config."""
+
+    paths: OptMLPaths
+    hyperparameters: dict[str, Any]
+    reserved: dict[str, Any]
+    framework_params: dict[str, Any]
+    resource_config: dict[str, Any]
+    input_data_config: dict[str, Any]
+    num_gpus: int = field(default_factory=count_gpus)
+
+    @classmethod
+    def read(cls, paths: OptMLPaths) -> HostContract:
+        decoded = decode_hyperparameters(_read_json(paths.hyperparameters_file, {}))
+        reserved, framework, user = split_hyperparameters(decoded)
+        resource = _read_json(paths.resource_config_file, {})
+        resource.setdefault("current_host", "algo-1")
+        resource.setdefault("hosts", [resource["current_host"]])
+        return cls(paths, user, reserved, framework, resource,
+                   _read_json(paths.input_data_config_file, {}))
+
+    @property
+    def current_host(self) -> str:
+        return self.resource_config["current_host"]
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(self.resource_config["hosts"])
+
+    @property
+    def host_rank(self) -> int:
+        return self.hosts.index(self.current_host)
+
+    @property
+    def entry_point(self) -> str:
+        return str(self.reserved.get("sagemaker_program", ""))
+
+    @property
+    def torch_distributed(self) -> bool:
+        return bool(self.framework_params.get("sagemaker_torch_distributed_enabled", False))
+
+    @property
+    def processes_per_host(self) -> int:
+        override = self.framework_params.get("sagemaker_mpi_num_of_processes_per_host")
+        if override:
+            return int(override)
+        return max(self.num_gpus, 1) if self.torch_distributed else 1
+
+    @property
+    def channels(self) -> list[str]:
+        return sorted(self.input_data_config)
+
+    @property
+    def master_addr(self) -> str:
+        return os.environ.get(names.MESHTRAIN_MASTER_ADDR) or self.hosts[0]
+
+    @property
+    def master_port(self) -> int:
+        return int(os.environ.get(names.MESHTRAIN_MASTER_PORT) or DEFAULT_MASTER_PORT)
+
+    def user_args(self) -> list[str]:
+        return to_cmd_args(self.hyperparameters)
+
+    def distribution(self) -> DistributionConfig:
+        """The distribution as the hosts see it (from mp_parameters, if any)."""
+        params = self.hyperparameters.get("mp_parameters") or {}
+        config: dict[str, Any] = {"torch_distributed": {"enabled": self.torch_distributed}}
+        if params:
+            config["smdistributed"] = {"modelparallel": {"enabled": True, "parameters": params}}
+        return DistributionConfig.from_dict(config)
+
+    def training_env(self) -> dict[str, Any]:
+        """SM_TRAINING_ENV: every property the toolkit's Environment exposes that we know."""
+        p = self.paths
+        return {
+            "channel_input_dirs": {c: str(p.channel_dir(c)) for c in self.channels},
+            "current_host": self.current_host, "hosts": self.hosts,
+            "current_instance_type": self.resource_config.get("current_instance_type", "local"),
+            "framework_module": "meshtrain_runtime.bootstrap",
+            "hyperparameters": self.hyperparameters,
+            "additional_framework_parameters": self.framework_params,
+            "input_config_dir": str(p.input_config_dir),
+            "input_data_config": self.input_data_config,
+            "input_dir": str(p.input_dir), "job_name": self.reserved.get("sagemaker_job_name", ""),
+            "log_level": self.reserved.get("sagemaker_container_log_level", 20),
+            "model_dir": str(p.model_dir), "module_dir": str(p.code_dir),
+            "module_name": Path(self.entry_point).stem, "network_interface_name":
+                self.resource_config.get("network_interface_name", "eth0"),
+            "num_cpus": os.cpu_count() or 1, "num_gpus": self.num_gpus, "num_neurons": 0,
+            "output_data_dir": str(p.output_data_dir), "output_dir": str(p.output_dir),
+            "output_intermediate_dir": str(p.output_intermediate_dir),
+            "resource_config": self.resource_config, "user_entry_point": self.entry_point,
+        }
+
+
+def build_sm_env(contract: HostContract) -> dict[str, str]:
+    """The SM_* variables the toolkit exports for the user's script (contract §3.3)."""
+    p, env = contract.paths, contract.training_env()
+    values: dict[str, Any] = {
+        names.SM_HOSTS: contract.hosts, names.SM_CURRENT_HOST: contract.current_host,
+        names.SM_CURRENT_HOST_RANK: contract.host_rank, names.SM_HOST_COUNT: len(contract.hosts),
+        names.SM_NETWORK_INTERFACE_NAME: env["network_interface_name"],
+        names.SM_CURRENT_INSTANCE_TYPE: env["current_instance_type"],
+        names.SM_HPS: contract.hyperparameters, names.SM_USER_ENTRY_POINT: contract.entry_point,
+        names.SM_USER_ARGS: contract.user_args(), names.SM_MODULE_NAME: env["module_name"],
+        names.SM_MODULE_DIR: str(p.code_dir), names.SM_FRAMEWORK_PARAMS: contract.framework_params,
+        names.SM_RESOURCE_CONFIG: contract.resource_config,
+        names.SM_INPUT_DATA_CONFIG: contract.input_data_config, names.SM_TRAINING_ENV: env,
+        names.SM_LOG_LEVEL: env["log_level"], names.SM_NUM_CPUS: env["num_cpus"],
+        names.SM_NUM_GPUS: contract.num_gpus, names.SM_NUM_NEURONS: 0,
+        names.SM_MODEL_DIR: str(p.model_dir), names.SM_INPUT_DIR: str(p.input_dir),
+        names.SM_INPUT_DATA_DIR: str(p.input_data_dir),
+        names.SM_INPUT_CONFIG_DIR: str(p.input_config_dir), names.SM_OUTPUT_DIR: str(p.output_dir),
+        names.SM_OUTPUT_DATA_DIR: str(p.output_data_dir),
+        names.SM_OUTPUT_INTERMEDIATE_DIR: str(p.output_intermediate_dir),
+        names.SM_OUTPUT_FAILURE: str(p.failure_file), names.SM_CHANNELS: contract.channels,
+        names.SM_MASTER_ADDR: contract.master_addr, names.SM_MASTER_PORT: contract.master_port,
+        names.SM_CHECKPOINT_DIR: os.environ.get(names.SM_CHECKPOINT_DIR, str(p.checkpoints_dir)),
+    }
+    for channel in contract.channels:
+        values[env_name(names.SM_CHANNEL_PREFIX, channel)] = str(p.channel_dir(channel))
+    for key, value in contract.hyperparameters.items():
+        values[env_name(names.SM_HP_PREFIX, key)] = value
+    return {key: env_value(value) for key, value in values.items()}
+
+
+def python_path(code_dir: Path) -> str:
+    parts = [str(code_dir), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.pathsep.join(parts)
+
+
+PYTHON = sys.executable

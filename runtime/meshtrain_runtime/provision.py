@@ -1,0 +1,58 @@
+"""Provisioning /opt/ml/code: the user's sourcedir.tar.gz, unpacked safely, and requirements."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+from meshtrain.contract.archive import UnsafeArchiveError, safe_extract
+
+from meshtrain_runtime.host import PYTHON, HostContract
+
+
+class ProvisionError(RuntimeError):
+    """The user's code could not be made ready (a user error: exit code 1)."""
+
+
+def _download_s3(uri: str, destination: Path) -> Path:
+    import boto3  # only on SageMaker-style hosts
+
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    target = destination / "sourcedir.tar.gz"
+    boto3.client("s3").download_file(bucket, key, str(target))
+    return target
+
+
+def fetch_submit_directory(submit: str, scratch: Path) -> Path | None:
+    """A local path to the tarball (or directory) named by sagemaker_submit_directory."""
+    if not submit:
+        return None
+    if submit.startswith("s3://"):
+        return _download_s3(submit, scratch)
+    return Path(submit.removeprefix("file://"))
+
+
+def provision_code(contract: HostContract) -> Path:
+    """Unpack the source into the code dir, install requirements.txt; return the script path."""
+    code_dir = contract.paths.code_dir
+    code_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        source = fetch_submit_directory(
+            str(contract.reserved.get("sagemaker_submit_directory", "")), Path(scratch))
+        if source is not None and source.is_file():
+            try:
+                safe_extract(source, code_dir)
+            except UnsafeArchiveError as error:
+                raise ProvisionError(f"refusing the source archive {source}: {error}") from None
+    script = code_dir / contract.entry_point
+    if not script.is_file():
+        raise ProvisionError(f"entry point {contract.entry_point!r} is not in {code_dir}")
+    requirements = code_dir / "requirements.txt"
+    if requirements.is_file():
+        install = subprocess.run([PYTHON, "-m", "pip", "install", "-r", str(requirements)],
+                                 capture_output=True, text=True)
+        if install.returncode:
+            raise ProvisionError(f"InstallRequirementsError: pip install -r requirements.txt "
+                                 f"failed:\n{install.stderr[-2000:]}")
+    return script

@@ -1,0 +1,188 @@
+"""Local backend: every host is a process tree on this machine, inside the /opt/ml contract."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from meshtrain.backends.local_artifacts import output_location
+from meshtrain.backends.local_layout import JobDirectory, default_jobs_dir, local_path, prepare_host
+from meshtrain.contract.archive import write_sourcedir_tarball
+from meshtrain.contract.env import MESHTRAIN_JOB_NAME
+from meshtrain.contract.jobspec import JobSpec
+from meshtrain.errors import ConfigError
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+
+POLL_SECONDS = 0.2
+
+
+class LocalBackend:
+    """Runs jobs as local processes under `jobs_dir` (default ~/.meshtrain/jobs)."""
+
+    name = "local"
+
+    def __init__(self, jobs_dir: str | Path | None = None, **_ignored: Any) -> None:
+        self.jobs_dir = Path(jobs_dir) if jobs_dir else default_jobs_dir()
+
+    def job_directory(self, job_name: str) -> JobDirectory:
+        return JobDirectory(self.jobs_dir / job_name)
+
+    def validate(self, spec: JobSpec) -> None:
+        if spec.instance_type == "local_gpu" and spec.instance_count > 1:
+            raise ConfigError("instance_type='local_gpu' runs one host: set instance_count=1 "
+                              "(as SageMaker local mode requires).")
+        for name in ("checkpoint_s3_uri", "max_wait"):
+            if getattr(spec, name):
+                raise ConfigError(f"{name} is not supported by local jobs: remove it or run on "
+                                  "SageMaker (an ml.* instance_type).")
+        if spec.use_spot_instances:
+            raise ConfigError("use_spot_instances is not supported by local jobs.")
+        for channel, uri in spec.inputs.items():
+            if uri.startswith("s3://"):
+                raise ConfigError(f"input channel {channel!r} is {uri}: local jobs read local "
+                                  "paths or file:// URIs. Download the data, or use SageMaker.")
+            if not local_path(uri).exists():
+                raise ConfigError(f"input channel {channel!r}: {uri} does not exist.")
+        if spec.output_path and spec.output_path.startswith("s3://"):
+            raise ConfigError(f"output_path={spec.output_path}: local jobs write to a local path "
+                              "or file:// URI.")
+        if self.job_directory(spec.job_name).root.exists():
+            raise ConfigError(f"a local job named {spec.job_name!r} already exists in "
+                              f"{self.jobs_dir}. Choose another job_name.")
+
+    def submit(self, spec: JobSpec) -> LocalTrainingJob:
+        self.validate(spec)
+        job_dir = self.job_directory(spec.job_name)
+        job_dir.root.mkdir(parents=True)
+        job_dir.spec_file.write_text(spec.to_json())
+        source = Path(spec.source_dir)
+        entry = source / spec.entry_point
+        write_sourcedir_tarball(source if source.is_dir() else entry, job_dir.sourcedir_tarball,
+                                [Path(d) for d in spec.dependencies])
+        for host in spec.hosts:
+            prepare_host(spec, job_dir, host)
+        job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time(),
+                             SecondaryStatusTransitions=[])
+        job_dir.add_transition("Starting", "Starting the training job")
+        job_dir.log_file.touch()
+        _start_supervisor(job_dir, spec.job_name)
+        return LocalTrainingJob(spec.job_name, job_dir)
+
+    def load_spec(self, job_name: str) -> JobSpec:
+        job_dir = self.job_directory(job_name)
+        if not job_dir.spec_file.exists():
+            raise ConfigError(f"no local job named {job_name!r} in {self.jobs_dir}")
+        return job_dir.read_spec()
+
+    def attach(self, job_name: str) -> LocalTrainingJob:
+        self.load_spec(job_name)
+        return LocalTrainingJob(job_name, self.job_directory(job_name))
+
+
+def _start_supervisor(job_dir: JobDirectory, job_name: str) -> None:
+    env = {**os.environ, MESHTRAIN_JOB_NAME: job_name}
+    with open(job_dir.root / "supervisor.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "meshtrain.backends.local_supervisor", str(job_dir.root)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    job_dir.supervisor_pid_file.write_text(str(proc.pid))
+
+
+class LocalTrainingJob(TrainingJob):
+    """Handle of a local job; every method reads the job directory, so attach() works anywhere."""
+
+    def __init__(self, job_name: str, job_dir: JobDirectory) -> None:
+        super().__init__(job_name)
+        self.job_dir = job_dir
+        self._log_offset = 0
+
+    def _supervisor_alive(self) -> bool:
+        try:
+            pid = int(self.job_dir.supervisor_pid_file.read_text())
+            os.kill(pid, 0)
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except (OSError, ValueError, IndexError):
+            return False
+
+    def describe(self) -> dict[str, Any]:
+        status = self.job_dir.read_status()
+        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and not self._supervisor_alive():
+            time.sleep(POLL_SECONDS)  # it may have finished between the two reads
+            status = self.job_dir.read_status()
+            if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
+                status = self.job_dir.write_status(
+                    TrainingJobStatus="Failed",
+                    FailureReason="InternalServerError: the local supervisor process died")
+        spec = self.job_dir.read_spec()
+        return _description(spec, self.job_dir, status)
+
+    def _print_new_log(self) -> None:
+        with open(self.job_dir.log_file, "rb") as log:
+            log.seek(self._log_offset)
+            chunk = log.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._log_offset += len(complete)
+        if complete:
+            sys.stdout.write(complete.decode(errors="replace"))
+            sys.stdout.flush()
+
+    def wait(self, logs: bool = True) -> None:
+        try:
+            while True:
+                description = self.describe()
+                if logs:
+                    self._print_new_log()
+                if description["TrainingJobStatus"] in TERMINAL_STATUSES:
+                    break
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        if logs:
+            self._print_new_log()
+            print(f"===== Job {description['TrainingJobStatus']} =====")
+        self.raise_for_status(description)
+
+    def logs(self) -> None:
+        sys.stdout.write(self.job_dir.log_file.read_text(errors="replace"))
+        sys.stdout.flush()
+
+    def stop(self) -> None:
+        """SIGTERM the supervisor, which ends every host; wait until the job is terminal."""
+        if self._supervisor_alive():
+            os.kill(int(self.job_dir.supervisor_pid_file.read_text()), 15)
+        deadline = time.monotonic() + 60
+        while self._supervisor_alive() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+
+
+def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -> dict[str, Any]:
+    """A DescribeTrainingJob-shaped view of a local job."""
+    model = output_location(spec, job_dir) / "model.tar.gz"
+    description = {
+        "TrainingJobName": spec.job_name,
+        "TrainingJobArn": f"arn:meshtrain:local:::training-job/{spec.job_name}",
+        "TrainingJobStatus": status["TrainingJobStatus"],
+        "SecondaryStatus": status.get("SecondaryStatus", "Starting"),
+        "SecondaryStatusTransitions": status.get("SecondaryStatusTransitions", []),
+        "HyperParameters": spec.container_hyperparameters(f"file://{job_dir.sourcedir_tarball}"),
+        "AlgorithmSpecification": {"TrainingImage": spec.image_uri or "local-processes",
+                                   "TrainingInputMode": spec.input_mode},
+        "ResourceConfig": {"InstanceType": spec.instance_type,
+                           "InstanceCount": spec.instance_count,
+                           "VolumeSizeInGB": spec.volume_size},
+        "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run},
+        "OutputDataConfig": {"S3OutputPath": str(output_location(spec, job_dir).parent.parent)},
+        "ModelArtifacts": {"S3ModelArtifacts": f"file://{model}"},
+        "CreationTime": status.get("CreationTime"),
+    }
+    for key in ("TrainingStartTime", "TrainingEndTime", "FailureReason"):
+        if key in status:
+            description[key] = status[key]
+    return description

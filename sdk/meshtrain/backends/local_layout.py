@@ -1,0 +1,100 @@
+"""The on-disk layout of a local job: one /opt/ml tree per host, logs, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshtrain.contract.jobspec import JobSpec, write_host_config
+from meshtrain.contract.paths import OptMLPaths
+
+MESHTRAIN_HOME = "MESHTRAIN_HOME"
+
+
+def default_jobs_dir() -> Path:
+    """`$MESHTRAIN_HOME/jobs`, by default ~/.meshtrain/jobs."""
+    home = os.environ.get(MESHTRAIN_HOME) or Path.home() / ".meshtrain"
+    return Path(home) / "jobs"
+
+
+def local_path(uri: str) -> Path:
+    """A file:// URI or a plain path as a Path."""
+    return Path(uri.removeprefix("file://")).expanduser()
+
+
+@dataclass(frozen=True)
+class JobDirectory:
+    """Everything a local job keeps under `<jobs_dir>/<job_name>`."""
+
+    root: Path
+
+    @property
+    def spec_file(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def status_file(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "job.log"
+
+    @property
+    def supervisor_pid_file(self) -> Path:
+        return self.root / "supervisor.pid"
+
+    @property
+    def sourcedir_tarball(self) -> Path:
+        return self.root / "source" / "sourcedir.tar.gz"
+
+    def host_paths(self, host: str) -> OptMLPaths:
+        return OptMLPaths(self.root / "hosts" / host / "opt" / "ml")
+
+    def host_log(self, host: str) -> Path:
+        return self.root / "logs" / f"{host}.log"
+
+    def read_spec(self) -> JobSpec:
+        return JobSpec.from_json(self.spec_file.read_text())
+
+    def read_status(self) -> dict[str, Any]:
+        return json.loads(self.status_file.read_text())
+
+    def write_status(self, **changes: Any) -> dict[str, Any]:
+        """Merge `changes` into status.json atomically (readers never see half a file)."""
+        status = self.read_status() if self.status_file.exists() else {}
+        status.update(changes)
+        tmp = self.status_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status, indent=2))
+        tmp.replace(self.status_file)
+        return status
+
+    def add_transition(self, secondary: str, message: str) -> None:
+        status = self.read_status()
+        transitions = status.get("SecondaryStatusTransitions", [])
+        now = time.time()
+        if transitions and "EndTime" not in transitions[-1]:
+            transitions[-1]["EndTime"] = now
+        transitions.append({"Status": secondary, "StartTime": now, "StatusMessage": message})
+        self.write_status(SecondaryStatus=secondary, SecondaryStatusTransitions=transitions)
+
+
+def prepare_host(spec: JobSpec, job_dir: JobDirectory, host: str) -> OptMLPaths:
+    """Create one host's /opt/ml tree: config files and channels (linked, not copied)."""
+    paths = job_dir.host_paths(host)
+    paths.make_dirs()
+    submit = f"file://{job_dir.sourcedir_tarball}"
+    write_host_config(spec, paths.input_config_dir, host, submit)
+    for channel, uri in spec.inputs.items():
+        source = local_path(uri).resolve()
+        target = paths.channel_dir(channel)
+        if source.is_dir():
+            target.symlink_to(source, target_is_directory=True)
+        else:  # a single file is made available inside the channel directory
+            target.mkdir(parents=True)
+            (target / source.name).symlink_to(source)
+    return paths

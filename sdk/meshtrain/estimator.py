@@ -1,0 +1,167 @@
+"""Estimator: the SageMaker PyTorch estimator's arguments -> JobSpec -> backend -> TrainingJob."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from meshtrain.backends import Backend, backend_for
+from meshtrain.contract.jobspec import JobSpec
+from meshtrain.errors import ConfigError
+from meshtrain.estimator_checks import (
+    check_backend_options,
+    check_cluster,
+    check_entry_point,
+    check_environment,
+    check_hyperparameters,
+    check_inputs,
+    check_runtime_limits,
+    inline_parameters,
+)
+from meshtrain.job import TrainingJob
+from meshtrain.naming import check_job_name, name_from_base
+
+DEFAULT_BASE_JOB_NAME = "meshtrain"
+
+
+class Estimator:
+    """Run a training script as a (multi-host, multi-process) job.
+
+    The arguments are those of the SageMaker Python SDK's ``sagemaker.pytorch.PyTorch``;
+    ``instance_type="local"`` runs the hosts as local processes, ``ml.*`` on Amazon SageMaker.
+    Everything is validated here, before any job directory, process or request exists.
+    """
+
+    def __init__(
+        self,
+        entry_point: str,
+        source_dir: str | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        instance_type: str = "local",
+        instance_count: int = 1,
+        distribution: dict[str, Any] | None = None,
+        role: str | None = None,
+        image_uri: str | None = None,
+        output_path: str | None = None,
+        checkpoint_s3_uri: str | None = None,
+        checkpoint_local_path: str | None = None,
+        environment: dict[str, str] | None = None,
+        max_run: int = 24 * 60 * 60,
+        max_wait: int | None = None,
+        use_spot_instances: bool = False,
+        volume_size: int = 30,
+        input_mode: str = "File",
+        base_job_name: str | None = None,
+        dependencies: list[str] | None = None,
+        tags: list[dict[str, str]] | None = None,
+        metric_definitions: list[dict[str, str]] | None = None,
+        container_log_level: int = 20,
+        framework_version: str | None = None,
+        py_version: str | None = None,
+        **backend_options: Any,
+    ) -> None:
+        self.source_dir, self.entry_point = check_entry_point(entry_point, source_dir)
+        self.hyperparameters = check_hyperparameters(hyperparameters or {})
+        self.instance_type, self.instance_count = instance_type, instance_count
+        self.distribution_config, self.world_size = check_cluster(
+            distribution, instance_type, instance_count, self.source_dir, self.entry_point
+        )
+        self.distribution = inline_parameters(distribution, self.distribution_config)
+        self.role, self.image_uri, self.output_path = role, image_uri, output_path
+        self.checkpoint_s3_uri = checkpoint_s3_uri
+        self.checkpoint_local_path = checkpoint_local_path
+        self.environment = check_environment(environment or {})
+        check_runtime_limits(max_run, max_wait, use_spot_instances)
+        self.max_run, self.max_wait, self.use_spot_instances = max_run, max_wait, use_spot_instances
+        self.volume_size, self.input_mode = volume_size, input_mode
+        if base_job_name is not None:
+            check_job_name(base_job_name, what="base_job_name")
+        self.base_job_name = base_job_name
+        self.dependencies = [str(Path(d).resolve()) for d in (dependencies or [])]
+        for dependency in self.dependencies:
+            if not Path(dependency).exists():
+                raise ConfigError(f"dependencies: {dependency} does not exist.")
+        self.tags, self.metric_definitions = list(tags or []), list(metric_definitions or [])
+        self.container_log_level = container_log_level
+        self.framework_version, self.py_version = framework_version, py_version
+        self.backend_options = check_backend_options(instance_type, backend_options)
+        self._backend: Backend | None = None
+        self.latest_training_job: TrainingJob | None = None
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = backend_for(self.instance_type, **self.backend_options)
+        return self._backend
+
+    def build_spec(self, inputs: Any = None, job_name: str | None = None) -> JobSpec:
+        """The JobSpec `fit()` would submit; validates everything, starts nothing."""
+        channels, content_types = check_inputs(inputs)
+        name = check_job_name(job_name) if job_name else name_from_base(
+            self.base_job_name or DEFAULT_BASE_JOB_NAME)
+        return JobSpec(
+            job_name=name, entry_point=self.entry_point, source_dir=self.source_dir,
+            dependencies=self.dependencies, hyperparameters=self.hyperparameters,
+            distribution=self.distribution, instance_type=self.instance_type,
+            instance_count=self.instance_count, inputs=channels,
+            input_content_types=content_types, output_path=self.output_path,
+            checkpoint_s3_uri=self.checkpoint_s3_uri,
+            checkpoint_local_path=self.checkpoint_local_path, environment=self.environment,
+            max_run=self.max_run, max_wait=self.max_wait,
+            use_spot_instances=self.use_spot_instances, volume_size=self.volume_size,
+            input_mode=self.input_mode, image_uri=self.image_uri, role=self.role,
+            tags=self.tags, metric_definitions=self.metric_definitions,
+            container_log_level=self.container_log_level,
+        )
+
+    def fit(
+        self, inputs: Any = None, wait: bool = True, logs: bool = True, job_name: str | None = None
+    ) -> TrainingJob:
+        """Start a training job; with `wait`, block until it ends (raising JobFailedError)."""
+        spec = self.build_spec(inputs, job_name)
+        self.backend.validate(spec)
+        self.latest_training_job = self.backend.submit(spec)
+        if wait:
+            self.latest_training_job.wait(logs=logs)
+        return self.latest_training_job
+
+    @property
+    def model_data(self) -> str | None:
+        """URI of the last job's model.tar.gz."""
+        if self.latest_training_job is None:
+            return None
+        return self.latest_training_job.model_data
+
+    @classmethod
+    def attach(cls, training_job_name: str, **backend_options: Any) -> Estimator:
+        """Rebuild an Estimator from an existing job (local jobs first, then SageMaker)."""
+        from meshtrain.backends.local import LocalBackend
+
+        local = LocalBackend(**backend_options)
+        if local.job_directory(training_job_name).spec_file.exists():
+            backend: Backend = local
+        else:
+            backend = backend_for("ml.attach", **backend_options)
+        spec = backend.load_spec(training_job_name)
+        estimator = cls.from_spec(spec, **backend_options)
+        estimator._backend = backend
+        estimator.latest_training_job = backend.attach(training_job_name)
+        return estimator
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, **backend_options: Any) -> Estimator:
+        entry = str(Path(spec.source_dir) / spec.entry_point)
+        return cls(
+            entry_point=spec.entry_point if Path(spec.source_dir).is_dir() else entry,
+            source_dir=spec.source_dir if Path(spec.source_dir).is_dir() else None,
+            hyperparameters=spec.hyperparameters, instance_type=spec.instance_type,
+            instance_count=spec.instance_count, distribution=spec.distribution, role=spec.role,
+            image_uri=spec.image_uri, output_path=spec.output_path,
+            checkpoint_s3_uri=spec.checkpoint_s3_uri,
+            checkpoint_local_path=spec.checkpoint_local_path, environment=spec.environment,
+            max_run=spec.max_run, max_wait=spec.max_wait,
+            use_spot_instances=spec.use_spot_instances, volume_size=spec.volume_size,
+            input_mode=spec.input_mode, dependencies=spec.dependencies, tags=spec.tags,
+            metric_definitions=spec.metric_definitions,
+            container_log_level=spec.container_log_level, **backend_options,
+        )

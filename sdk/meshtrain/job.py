@@ -1,0 +1,59 @@
+"""TrainingJob: the handle a backend returns for one submitted job."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from meshtrain.errors import JobFailedError
+
+TERMINAL_STATUSES = frozenset({"Completed", "Failed", "Stopped"})
+
+
+class TrainingJob(abc.ABC):
+    """A submitted training job. `describe()` returns a DescribeTrainingJob-shaped dict."""
+
+    def __init__(self, job_name: str) -> None:
+        self.job_name = job_name
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The job's state, shaped like SageMaker's DescribeTrainingJob response."""
+
+    @abc.abstractmethod
+    def wait(self, logs: bool = True) -> None:
+        """Block until the job ends (printing logs if asked); raise JobFailedError on failure."""
+
+    @abc.abstractmethod
+    def logs(self) -> None:
+        """Print the job's logs so far."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the job; outputs and checkpoints already written are kept."""
+
+    @property
+    def name(self) -> str:
+        return self.job_name
+
+    @property
+    def status(self) -> str:
+        return self.describe()["TrainingJobStatus"]
+
+    @property
+    def model_data(self) -> str | None:
+        """Where model.tar.gz is (or will be) written."""
+        return self.describe().get("ModelArtifacts", {}).get("S3ModelArtifacts")
+
+    def raise_for_status(self, description: dict[str, Any] | None = None) -> None:
+        """Raise JobFailedError when the job failed; a stopped job only warns (as the SDK does)."""
+        description = description or self.describe()
+        status = description["TrainingJobStatus"]
+        if status == "Failed":
+            reason = description.get("FailureReason", "(no failure reason recorded)")
+            raise JobFailedError(self.job_name, reason)
+        if status == "Stopped":
+            print(f"Training job {self.job_name} was stopped.")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.job_name!r})"
