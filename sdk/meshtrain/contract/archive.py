@@ -54,10 +54,13 @@ def write_sourcedir_tarball(
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for root, prefix in roots:
-            entries = [root] if root.is_file() else _walk(root)
+            if root.is_file():
+                entries = [root]
+            else:  # a dependency directory is added under its own name, itself included
+                entries = [root, *_walk(root)] if prefix else list(_walk(root))
             for path in entries:
                 rel = path.name if root.is_file() else path.relative_to(root).as_posix()
-                arcname = posixpath.join(prefix, rel) if prefix else rel
+                arcname = posixpath.normpath(posixpath.join(prefix, rel)) if prefix else rel
                 info = _normalised_info(tar, path, arcname)
                 if info.isfile():
                     with open(path, "rb") as handle:

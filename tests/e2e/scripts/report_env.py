@@ -1,0 +1,22 @@
+"""Each rank writes what it sees of the host contract into SM_MODEL_DIR (no meshtrain import)."""
+
+import json
+import os
+import sys
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+seen = {
+    "argv": sys.argv[1:],
+    "env": {k: v for k, v in os.environ.items() if k.startswith(("SM_", "WORLD_SIZE", "RANK",
+                                                                  "LOCAL_RANK"))},
+    "cwd": os.getcwd(),
+    "channel_files": sorted(os.listdir(os.environ["SM_CHANNEL_TRAIN"])),
+}
+path = os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{dist.get_rank()}.json")
+with open(path, "w") as handle:
+    json.dump(seen, handle)
+with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"out-{dist.get_rank()}.txt"), "w") as f:
+    f.write("data")
+print(f"rank {dist.get_rank()} done", flush=True)

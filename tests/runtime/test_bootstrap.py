@@ -1,0 +1,112 @@
+"""The host bootstrap: torchrun command, SM_* environment, failure reporting, code provisioning."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from meshtrain.contract import JobSpec, OptMLPaths
+from meshtrain.contract.jobspec import write_host_config
+from meshtrain_runtime import bootstrap
+from meshtrain_runtime.host import HostContract, build_sm_env
+from meshtrain_runtime.provision import ProvisionError, provision_code
+
+SMP = {"torch_distributed": {"enabled": True, "processes_per_host": 4},
+       "smdistributed": {"modelparallel": {"enabled": True,
+                                           "parameters": {"hybrid_shard_degree": 2}}}}
+
+
+def host_tree(tmp_path, host="algo-2", count=3, distribution=SMP, submit="file:///none"):
+    spec = JobSpec(job_name="job-1", entry_point="train.py", source_dir=str(tmp_path),
+                   hyperparameters={"lr": 0.1, "name": "x"}, distribution=distribution,
+                   instance_count=count, inputs={"train": "file:///data"})
+    paths = OptMLPaths(tmp_path / host / "opt" / "ml")
+    write_host_config(spec, paths.input_config_dir, host, submit)
+    return HostContract.read(paths)
+
+
+@pytest.fixture(autouse=True)
+def no_overrides(monkeypatch):
+    for name in ("MESHTRAIN_MASTER_ADDR", "MESHTRAIN_MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MESHTRAIN_NUM_GPUS", "0")
+
+
+def test_torchrun_command_uses_static_rendezvous_with_algo1_as_node0(tmp_path):
+    contract = host_tree(tmp_path)
+    command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
+    text = " ".join(command)
+    assert "-m torch.distributed.run --nnodes 3 --nproc-per-node 4" in text
+    assert "--master-addr algo-1 --master-port 7777 --node-rank 1" in text
+    assert text.endswith(f"-m meshtrain_runtime.rank_entry {contract.paths.code_dir}/train.py "
+                         '--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x')
+
+
+def test_single_host_without_torchrun_runs_python_once(tmp_path):
+    contract = host_tree(tmp_path, host="algo-1", count=1, distribution=None)
+    command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
+    assert "torch.distributed.run" not in command
+    assert command[1:4] == ["-m", "meshtrain_runtime.rank_entry", f"{contract.paths.code_dir}/"
+                                                                  "train.py"]
+
+
+def test_sm_environment(tmp_path):
+    contract = host_tree(tmp_path)
+    env = build_sm_env(contract)
+    assert env["SM_CURRENT_HOST"] == "algo-2"
+    assert env["SM_CURRENT_HOST_RANK"] == "1"
+    assert env["SM_HOSTS"] == '["algo-1","algo-2","algo-3"]'
+    assert env["SM_HP_MP_PARAMETERS"] == '{"hybrid_shard_degree":2}'
+    assert json.loads(env["SM_FRAMEWORK_PARAMS"])["sagemaker_torch_distributed_enabled"] is True
+    assert env["SM_CHANNEL_TRAIN"] == str(contract.paths.channel_dir("train"))
+    assert env["SM_MODULE_NAME"] == "train"
+    assert json.loads(env["SM_USER_ARGS"])[:2] == ["--lr", "0.1"]
+    assert json.loads(env["SM_TRAINING_ENV"])["hosts"] == ["algo-1", "algo-2", "algo-3"]
+    assert contract.distribution().smp.hybrid_shard_degree == 2
+
+
+def test_failure_message_puts_the_rank_error_first_and_flags_oom():
+    error = {"rank": 3, "host": "algo-2", "message": "ValueError: bad", "traceback": "Traceback"}
+    text = bootstrap.failure_message(1, ["torchrun", "x.py"], error, "tail")
+    assert text.startswith('ExecuteUserScriptError:\nExitCode 1\nErrorMessage "rank 3 on algo-2: '
+                           "ValueError: bad")
+    assert "OutOfMemory" not in text
+    killed = bootstrap.failure_message(1, ["torchrun"], None, "  exitcode  : -9 (pid: 12)\n")
+    assert 'ExtraInfo "OutOfMemory: Process killed by SIGKILL (signal 9)"' in killed
+    assert "OutOfMemory" in bootstrap.failure_message(137, ["python"], None, "")
+
+
+def test_failure_file_written_by_the_script_wins(tmp_path):
+    paths = OptMLPaths(tmp_path)
+    paths.output_dir.mkdir(parents=True)
+    paths.failure_file.write_text("my own reason")
+    bootstrap.write_failure(paths, "generic reason")
+    assert paths.failure_file.read_text() == "my own reason"
+
+
+def _tar_with(path, name):
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+
+
+def test_provision_refuses_an_escaping_archive(tmp_path):
+    _tar_with(tmp_path / "src.tar.gz", "../../evil.py")
+    contract = host_tree(tmp_path, submit=f"file://{tmp_path}/src.tar.gz")
+    with pytest.raises(ProvisionError, match="refusing"):
+        provision_code(contract)
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_bootstrap_main_reports_a_missing_entry_point_as_user_error(tmp_path, monkeypatch):
+    _tar_with(tmp_path / "src.tar.gz", "other.py")
+    contract = host_tree(tmp_path, submit=f"file://{tmp_path}/src.tar.gz")
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(contract.paths.base))
+    with pytest.raises(SystemExit) as exit_info:
+        bootstrap.main()
+    assert exit_info.value.code == bootstrap.USER_ERROR
+    assert "entry point 'train.py' is not in" in contract.paths.failure_file.read_text()
