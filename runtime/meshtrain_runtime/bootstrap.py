@@ -24,7 +24,6 @@ from pathlib import Path
 from meshtrain.contract import env as names
 from meshtrain.contract.paths import OptMLPaths
 from meshtrain.errors import ConfigError
-
 from meshtrain_runtime.host import PYTHON, HostContract, build_sm_env, python_path
 from meshtrain_runtime.provision import ProvisionError, provision_code
 

@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 
 from meshtrain.contract.archive import UnsafeArchiveError, safe_extract
-
 from meshtrain_runtime.host import PYTHON, HostContract
 
 

@@ -86,13 +86,15 @@ def test_invalid_distribution_is_config_error_with_fix(distribution, fragment):
     assert fragment in str(info.value)
 
 
+scalars = (st.none() | st.booleans() | st.integers(-3, 10) | st.floats(allow_nan=False)
+           | st.text(max_size=6))
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 10) | st.floats(allow_nan=False) | st.text(max_size=6),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children,
-                                                                     max_size=3),
+    scalars,
+    lambda children: (st.lists(children, max_size=3)
+                      | st.dictionaries(st.text(max_size=8), children, max_size=3)),
     max_leaves=8,
 )
-smp_keys = st.sampled_from(sorted(SMPParameters.model_fields) + ["bogus"])
+smp_keys = st.sampled_from([*sorted(SMPParameters.model_fields), "bogus"])
 smp_dicts = st.dictionaries(smp_keys, json_values | st.integers(0, 8), max_size=5)
 distributions = st.one_of(
     json_values,

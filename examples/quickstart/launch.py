@@ -1,0 +1,26 @@
+"""Quickstart: a 2-host x 2-process hybrid-sharded training job on local processes.
+
+    python examples/quickstart/launch.py
+
+The same Estimator call with instance_type="ml.p4d.24xlarge" and a role runs on SageMaker.
+"""
+
+from pathlib import Path
+
+from meshtrain import Estimator
+
+estimator = Estimator(
+    entry_point="train.py",
+    source_dir=str(Path(__file__).parent),
+    instance_type="local",
+    instance_count=2,
+    hyperparameters={"steps": 20, "lr": 3e-3},
+    distribution={
+        "torch_distributed": {"enabled": True, "processes_per_host": 2},
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+            "hybrid_shard_degree": 2,  # shard within each host, replicate across the two
+        }}},
+    },
+)
+estimator.fit()
+print(f"Model artifacts: {estimator.model_data}")

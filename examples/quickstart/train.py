@@ -1,0 +1,89 @@
+"""Quickstart training script: a tiny transformer language model on synthetic data.
+
+Runs on every rank under torchrun. `meshtrain_runtime.init()` reads the distribution the
+Estimator sent (SM_HP_MP_PARAMETERS) and `transform(model)` shards the model with FSDP2 as
+`hybrid_shard_degree` asks. The same script runs unchanged on SageMaker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+import meshtrain_runtime
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = x.shape[1]
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=x.device), 1)
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+def synthetic_batch(step: int, dp_rank: int, batch: int, seq: int, vocab: int) -> torch.Tensor:
+    """A repeating-pattern sequence the model can learn; each data-parallel rank its own slice."""
+    generator = torch.Generator().manual_seed(1000 * step + dp_rank)
+    start = torch.randint(0, vocab, (batch, 1), generator=generator)
+    return (start + torch.arange(seq + 1)) % vocab
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=32)
+    args, _ = parser.parse_known_args()  # SMP jobs also receive --mp_parameters
+
+    state = meshtrain_runtime.init()
+    torch.manual_seed(0)
+    vocab = 64
+    model = meshtrain_runtime.transform(TinyLM(vocab, dim=64, layers=2, heads=4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        tokens = synthetic_batch(step, state.dp_rank, args.batch_size, args.seq_len, vocab)
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        meshtrain_runtime.clip_grad_norm_(model, 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        if state.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                   cpu_offload=True))
+    if state.rank == 0:
+        torch.save(weights, os.path.join(os.environ.get("SM_MODEL_DIR", "."), "model.pt"))
+        print(f"saved model to {os.environ.get('SM_MODEL_DIR')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
