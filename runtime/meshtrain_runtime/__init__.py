@@ -1,1 +1,61 @@
-"""meshtrain_runtime: the in-host runtime (bootstrap, state, transform) built on torch."""
+"""meshtrain_runtime: the in-host runtime (bootstrap, state, transform) built on torch.
+
+Public API (loaded on first use, so ``import meshtrain_runtime`` does not import torch; the
+bootstrap and the rank entry wrapper import this package before any torch is needed):
+
+- ``init(config=None)``, ``state``, ``is_initialized()``, ``reset()`` — meshtrain_runtime.state
+- ``transform(model, ...)`` — meshtrain_runtime.transform
+- ``clip_grad_norm_(model, max_norm)`` — meshtrain_runtime.grad
+- ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshtrain_runtime import state
+    from meshtrain_runtime.data import build_sampler, shard_dataset
+    from meshtrain_runtime.grad import clip_grad_norm_
+    from meshtrain_runtime.state import init, is_initialized, reset
+    from meshtrain_runtime.transform import transform
+
+# public name -> (module, attribute); attribute None means the module itself
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "init": ("meshtrain_runtime.state", "init"),
+    "is_initialized": ("meshtrain_runtime.state", "is_initialized"),
+    "reset": ("meshtrain_runtime.state", "reset"),
+    # `state` is the state module: its __getattr__ reads the current RuntimeState, so the
+    # package attribute stays right even after `import meshtrain_runtime.state` rebinds it.
+    "state": ("meshtrain_runtime.state", None),
+    "transform": ("meshtrain_runtime.transform", "transform"),
+    "clip_grad_norm_": ("meshtrain_runtime.grad", "clip_grad_norm_"),
+    "shard_dataset": ("meshtrain_runtime.data", "shard_dataset"),
+    "build_sampler": ("meshtrain_runtime.data", "build_sampler"),
+}
+
+__all__ = [
+    "build_sampler",
+    "clip_grad_norm_",
+    "init",
+    "is_initialized",
+    "reset",
+    "shard_dataset",
+    "state",
+    "transform",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,85 @@
+"""Gradient-norm clipping that is correct for DTensor gradients on any mesh.
+
+``torch.nn.utils.clip_grad_norm_`` stacks per-tensor norms, which fails when gradients live on
+different meshes (FSDP mesh, expert mesh, TP mesh) or mix DTensors with plain tensors. Here the
+gradients are grouped by (mesh, placements); each group's norm is computed by torch and made
+whole with ``full_tensor()`` (a reduction over the sharded axes only: replicas are not counted
+twice); the group norms are then combined and torch's ``clip_grads_with_norm_`` scales them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def clip_grad_norm_(
+    model_or_parameters: nn.Module | Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    *,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """Clip gradients in place to total `norm_type`-norm `max_norm`; return the total norm.
+
+    Accepts a model or its parameters, like ``torch.nn.utils.clip_grad_norm_``. The norm is the
+    one a single process holding the whole model would compute.
+    """
+    parameters = (
+        list(model_or_parameters.parameters())
+        if isinstance(model_or_parameters, nn.Module)
+        else list(model_or_parameters)
+    )
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total_norm = total_grad_norm(grads, norm_type, error_if_nonfinite=error_if_nonfinite)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=foreach)
+    return total_norm
+
+
+def total_grad_norm(
+    grads: list[torch.Tensor], norm_type: float = 2.0, *, error_if_nonfinite: bool = False
+) -> torch.Tensor:
+    """The `norm_type`-norm of all `grads` together, as a plain (replicated) tensor."""
+    norm_type = float(norm_type)
+    if not grads:
+        return torch.tensor(0.0)
+    group_norms = [
+        _whole(torch.nn.utils.get_total_norm(group, norm_type, error_if_nonfinite=False))
+        for group in _group_by_layout(grads)
+    ]
+    device = group_norms[0].device
+    stacked = torch.stack([n.to(device) for n in group_norms])
+    if math.isinf(norm_type):
+        total = stacked.max()
+    else:
+        total = stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+    if error_if_nonfinite and not torch.isfinite(total):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} of the gradients is non-finite, so it cannot "
+            "be clipped. Set error_if_nonfinite=False to clip anyway."
+        )
+    return total
+
+
+def _group_by_layout(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Group in first-seen order (identical on every rank, so collectives line up)."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for grad in grads:
+        if isinstance(grad, DTensor):
+            key = ("dtensor", grad.device_mesh, tuple(grad.placements))
+        else:
+            key = ("local", grad.device)
+        groups.setdefault(key, []).append(grad)
+    return list(groups.values())
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+__all__ = ["clip_grad_norm_", "total_grad_norm"]

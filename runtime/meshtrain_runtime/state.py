@@ -1,0 +1,331 @@
+"""``init()`` and ``state``: ranks, sizes, the named DeviceMesh and process groups of this job.
+
+One object owns the mesh: ``init`` resolves the SMP degrees against the real world size and
+builds ONE DeviceMesh with named axes ``("replicate", "shard", "tp")`` (outermost first; sizes may
+be 1; tensor-parallel ranks are contiguous). With expert parallelism it also builds
+``expert_mesh`` over the same ranks with axes ``("replicate", "shard_mod_ep", "ep")``: the EP group
+is carved out of each sharding group, innermost (torchtitan's layout, see
+``meshtrain.contract.degrees``).
+
+This module doubles as the state object: ``meshtrain_runtime.state.rank`` reads the current
+``RuntimeState`` through a module ``__getattr__`` (the package attribute ``state`` is this module,
+so ``from meshtrain_runtime import state`` works whichever way it was imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from meshtrain.contract import ResolvedDegrees, SMPParameters, parse_smp_parameters
+from meshtrain.contract import resolve_degrees as resolve_contract_degrees
+from meshtrain.contract.env import SM_HOST_COUNT, SM_HP_MP_PARAMETERS
+from meshtrain.errors import ConfigError
+
+MESH_AXES = ("replicate", "shard", "tp")
+EXPERT_MESH_AXES = ("replicate", "shard_mod_ep", "ep")
+
+ConfigSource = dict[str, Any] | str | os.PathLike | SMPParameters | None
+
+
+@dataclass(frozen=True)
+class RuntimeState:
+    """What `init()` resolved for this rank. Read it through ``meshtrain_runtime.state``."""
+
+    config: SMPParameters
+    degrees: ResolvedDegrees
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    mesh: DeviceMesh
+    expert_mesh: DeviceMesh | None
+    world_process_group: dist.ProcessGroup
+    tp_process_group: dist.ProcessGroup
+    ep_process_group: dist.ProcessGroup | None
+    rep_rank_process_group: dist.ProcessGroup
+    owns_process_group: bool
+
+    # --- degrees (SMP names and aliases) ---
+    @property
+    def hybrid_shard_degree(self) -> int:
+        return self.degrees.hybrid_shard_degree
+
+    @property
+    def replicate_degree(self) -> int:
+        return self.degrees.replicate_degree
+
+    @property
+    def tensor_parallel_degree(self) -> int:
+        return self.degrees.tensor_parallel_degree
+
+    tp_size = tensor_parallel_degree
+
+    @property
+    def expert_parallel_degree(self) -> int:
+        return self.degrees.expert_parallel_degree
+
+    ep_size = expert_parallel_degree
+
+    @property
+    def context_parallel_degree(self) -> int:
+        return self.degrees.context_parallel_degree
+
+    cp_size = context_parallel_degree
+
+    @property
+    def sharding_strategy(self) -> str:
+        return self.degrees.sharding_strategy
+
+    @property
+    def random_seed(self) -> int | None:
+        return self.config.random_seed
+
+    # --- coordinates: rank = (replicate * shard + shard_index) * tp + tp_rank ---
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_size
+
+    @property
+    def shard_rank(self) -> int:
+        """Index inside the sharding group (the mesh's ``shard`` coordinate)."""
+        return (self.rank // self.tp_size) % self.hybrid_shard_degree
+
+    @property
+    def replicate_rank(self) -> int:
+        """Which replica (the mesh's ``replicate`` coordinate); SMP's "rep rank"."""
+        return self.rank // (self.tp_size * self.hybrid_shard_degree)
+
+    @property
+    def ep_rank(self) -> int:
+        return self.shard_rank % self.ep_size
+
+    @property
+    def cp_rank(self) -> int:
+        return self.shard_rank % self.cp_size
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that see different batches: all but TP (and CP, whose ranks split a sequence)."""
+        return self.world_size // (self.tp_size * self.cp_size)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // (self.tp_size * self.cp_size)
+
+
+_current: RuntimeState | None = None
+
+# Fields that `__getattr__` forwards to the current RuntimeState.
+_STATE_FIELDS = frozenset(
+    name for name in dir(RuntimeState) if not name.startswith("_")
+) | frozenset(RuntimeState.__dataclass_fields__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STATE_FIELDS:
+        return getattr(current(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def current() -> RuntimeState:
+    """The current RuntimeState; raises RuntimeError before `init()`."""
+    if _current is None:
+        raise RuntimeError(
+            "meshtrain_runtime.state is not initialised: call meshtrain_runtime.init() (once per "
+            "process, before transform() or reading state)."
+        )
+    return _current
+
+
+def is_initialized() -> bool:
+    """True after `init()` and before `reset()`."""
+    return _current is not None
+
+
+def reset(*, destroy_process_group: bool = False) -> None:
+    """Forget the current state so that `init()` can run again (e.g. with another config).
+
+    The process group is kept unless `destroy_process_group` is True and `init()` created it.
+    """
+    global _current
+    previous, _current = _current, None
+    owned = previous is not None and previous.owns_process_group
+    if destroy_process_group and owned and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def init(config: ConfigSource = None) -> RuntimeState:
+    """Initialise the runtime: parse the SMP parameters, start torch.distributed, build the mesh.
+
+    `config` is a dict of SMP parameters, a path to a JSON file of them, or None. Parameters the
+    estimator sent (env ``SM_HP_MP_PARAMETERS``) take priority over `config` key by key, as in
+    SMP v2; without either, the defaults apply (pure sharded data parallelism over all ranks).
+    Works under torchrun and as a single plain process (world size 1). Calling `init` again
+    with the same parameters returns the current state; with different ones, call `reset()` first.
+    """
+    global _current
+    params = load_parameters(config)
+    if _current is not None:
+        if _current.config == params:
+            return _current
+        raise ConfigError(
+            "meshtrain_runtime.init() was already called with other parameters "
+            f"({_current.config.model_dump(exclude_defaults=True)}). Call "
+            "meshtrain_runtime.reset() before initialising again."
+        )
+    device = _select_device()
+    owns_process_group = _ensure_process_group(device)
+    _current = build_state(params, device=device, owns_process_group=owns_process_group)
+    return _current
+
+
+def load_parameters(config: ConfigSource) -> SMPParameters:
+    """Merge `config` (dict / JSON path / SMPParameters) with ``SM_HP_MP_PARAMETERS`` and parse."""
+    if isinstance(config, SMPParameters):
+        given = config.model_dump(exclude_defaults=True)
+    elif isinstance(config, str | os.PathLike):
+        given = _read_json_file(Path(config))
+    elif config is None or isinstance(config, dict):
+        given = dict(config or {})
+    else:
+        raise ConfigError(
+            f"init(config=...) takes a dict of SMP parameters or a path to a JSON file, got "
+            f"{type(config).__name__}."
+        )
+    return parse_smp_parameters({**given, **_env_parameters()})
+
+
+def _read_json_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(
+            f"init(config={str(path)!r}): no such file. Pass a dict of SMP parameters or the "
+            "path to a JSON file holding one."
+        )
+    try:
+        loaded = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"init(config={str(path)!r}): not valid JSON ({error}).") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"init(config={str(path)!r}) must hold a JSON object of SMP parameters.")
+    return loaded
+
+
+def _env_parameters() -> dict[str, Any]:
+    raw = os.environ.get(SM_HP_MP_PARAMETERS)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+        if isinstance(value, str):  # a hyperparameter JSON-encoded once more
+            value = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"{SM_HP_MP_PARAMETERS} is not valid JSON ({error}): {raw[:200]!r}. It should hold "
+            "the SMP parameters dict, e.g. '{\"hybrid_shard_degree\": 2}'."
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{SM_HP_MP_PARAMETERS} must hold a JSON object, got {raw[:200]!r}.")
+    return value
+
+
+def _select_device() -> torch.device:
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _ensure_process_group(device: torch.device) -> bool:
+    """Start torch.distributed unless the script already did; return True if we started it."""
+    if dist.is_initialized():
+        return False
+    # CPU collectives stay available on GPU hosts (object broadcasts, checkpoint metadata).
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend=backend)
+    else:  # a plain `python train.py`: a world of one process, no rendezvous needed
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def build_state(
+    params: SMPParameters, *, device: torch.device, owns_process_group: bool = False
+) -> RuntimeState:
+    """Resolve degrees against the running process group and build meshes and groups."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    degrees = resolve_contract_degrees(
+        params,
+        world_size,
+        ranks_per_host=local_world_size,
+        world_description=_describe_world(world_size, local_world_size),
+    )
+    mesh = init_device_mesh(device.type, degrees.mesh_shape, mesh_dim_names=MESH_AXES)
+    expert_mesh = build_expert_mesh(degrees, device.type)
+    return RuntimeState(
+        config=params,
+        degrees=degrees,
+        rank=rank,
+        world_size=world_size,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_world_size=local_world_size,
+        device=device,
+        mesh=mesh,
+        expert_mesh=expert_mesh,
+        world_process_group=dist.group.WORLD,
+        tp_process_group=mesh.get_group("tp"),
+        ep_process_group=expert_mesh.get_group("ep") if expert_mesh is not None else None,
+        rep_rank_process_group=_rep_rank_group(degrees),
+        owns_process_group=owns_process_group,
+    )
+
+
+def build_expert_mesh(degrees: ResolvedDegrees, device_type: str) -> DeviceMesh | None:
+    """(replicate, shard_mod_ep, ep) over the same ranks; None without expert parallelism."""
+    ep = degrees.expert_parallel_degree
+    if ep == 1:
+        return None
+    shape = (degrees.replicate_degree, degrees.hybrid_shard_degree // ep, ep)
+    return init_device_mesh(device_type, shape, mesh_dim_names=EXPERT_MESH_AXES)
+
+
+def _rep_rank_group(degrees: ResolvedDegrees) -> dist.ProcessGroup:
+    """All ranks with this rank's replicate coordinate (one whole replica: shard x tp)."""
+    if degrees.replicate_degree == 1:
+        return dist.group.WORLD
+    replica = degrees.world_size // degrees.replicate_degree
+    ranks = [list(range(r * replica, (r + 1) * replica)) for r in range(degrees.replicate_degree)]
+    group, _ = dist.new_subgroups_by_enumeration(ranks)
+    return group
+
+
+def _describe_world(world_size: int, local_world_size: int) -> str:
+    hosts = os.environ.get(SM_HOST_COUNT)
+    num_hosts = int(hosts) if hosts and hosts.isdigit() else world_size // max(local_world_size, 1)
+    if num_hosts * local_world_size != world_size:
+        return ""
+    return f"{num_hosts} host{'s' if num_hosts != 1 else ''} x {local_world_size} processes"
+
+
+__all__ = [
+    "EXPERT_MESH_AXES",
+    "MESH_AXES",
+    "RuntimeState",
+    "build_expert_mesh",
+    "build_state",
+    "current",
+    "init",
+    "is_initialized",
+    "load_parameters",
+    "reset",
+]

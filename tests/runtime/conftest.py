@@ -1,0 +1,83 @@
+"""Shared helpers for runtime tests: launch a torchrun worker and collect its JSON results.
+
+Usage (a test):
+
+    def test_something(torchrun):
+        records = torchrun(WORKERS / "hsdp_layouts.py", 4, "--flag", timeout=300)
+
+The worker runs on every rank under ``meshtrain_runtime.rank_entry`` (clean rank exit) with
+OMP_NUM_THREADS=1 and calls ``report({...})`` from tests/runtime/workers/report.py. The helper
+returns every record of every rank, ordered by rank then by call order; each has a "rank" key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WORKERS = Path(__file__).parent / "workers"
+RESULTS_ENV = "MESHTRAIN_TEST_RESULTS"
+
+
+def run_torchrun(
+    worker: str | os.PathLike,
+    nproc: int,
+    *args: str,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Run `worker` on `nproc` local ranks (gloo, one host); return the reported records.
+
+    Fails the test with the output tail when the launch fails or exceeds `timeout` seconds
+    (the whole process group is killed then).
+    """
+    with tempfile.TemporaryDirectory(prefix="meshtrain-torchrun-") as results:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "meshtrain_runtime.rank_entry",
+            str(worker), *args,
+        ]
+        child_env = {**os.environ, "OMP_NUM_THREADS": "1", RESULTS_ENV: results, **(env or {})}
+        child_env.pop("SM_HP_MP_PARAMETERS", None)
+        output, code = _run(command, child_env, timeout)
+        if code != 0:
+            pytest.fail(f"{Path(worker).name} on {nproc} ranks exited {code}:\n{output[-6000:]}")
+        return _read_records(Path(results), nproc)
+
+
+def _run(command: list[str], env: dict[str, str], timeout: float) -> tuple[str, int]:
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and its ranks: our own session only
+        output, _ = process.communicate()
+        return f"{output}\n[timed out after {timeout} s]", -9
+    return output, process.returncode
+
+
+def _read_records(directory: Path, nproc: int) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for rank in range(nproc):
+        path = directory / f"rank-{rank}.jsonl"
+        if path.exists():
+            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+    return records
+
+
+@pytest.fixture(scope="session")
+def torchrun() -> Callable[..., list[dict[str, Any]]]:
+    """The `run_torchrun` helper as a fixture (session scope, so module fixtures can use it)."""
+    return run_torchrun

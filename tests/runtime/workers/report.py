@@ -1,0 +1,26 @@
+"""Worker side of `run_torchrun` (tests/runtime/conftest.py): record JSON results per rank.
+
+A worker script calls ``report({...})``; each call appends one JSON line to
+``$MESHTRAIN_TEST_RESULTS/rank-<RANK>.jsonl``, which the pytest side reads back in order.
+Import it from a worker as ``from report import report`` (rank_entry puts the worker's folder
+on sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+RESULTS_ENV = "MESHTRAIN_TEST_RESULTS"
+
+
+def report(record: dict[str, Any]) -> None:
+    """Append `record` (JSON-serialisable) to this rank's results file."""
+    directory = os.environ.get(RESULTS_ENV)
+    if not directory:
+        raise RuntimeError(f"{RESULTS_ENV} is not set: run this worker through run_torchrun().")
+    rank = int(os.environ.get("RANK", "0"))
+    with (Path(directory) / f"rank-{rank}.jsonl").open("a") as stream:
+        stream.write(json.dumps({"rank": rank, **record}) + "\n")
