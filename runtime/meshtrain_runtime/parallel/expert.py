@@ -1,0 +1,425 @@
+"""Expert parallelism (EP): split each MoE layer's experts over ranks, route tokens by all-to-all.
+
+Layout (torchtitan's, see docs/expert-parallel.md): the EP group is carved out of the sharding
+group, ``shard = shard_mod_ep x ep`` with ``ep`` innermost, so the expert mesh is
+``(replicate, shard_mod_ep, ep)`` over the same ranks as the main ``(replicate, shard, tp)``
+mesh. EP ranks are data-parallel ranks: each sees different tokens.
+
+* `apply_expert_parallel` replaces the expert weights of every MoE layer by an
+  `ExpertParallelExperts` module that keeps ``num_experts / ep`` experts (a DTensor sharded on
+  dim 0 over the ``ep`` axis; the other experts' weights are freed). Its forward sends every
+  (token, expert) assignment to the expert's owner with an autograd all-to-all of uneven
+  splits, runs the local experts and sends the results back, where they are combined with the
+  router's weights. The router and its top-k choice are untouched.
+* `shard_experts_with_fsdp` then FSDP-shards those local experts over the ranks that hold the
+  same experts (``shard_mod_ep``, and ``replicate`` for HSDP) on dim 1 (dim 0 indexes experts).
+  It must run before the block-level ``fully_shard``, which shards everything else over the
+  whole ``shard`` axis.
+* Router losses are summed over all data-parallel ranks, so they equal a single process's
+  losses on the global batch (see `meshtrain_runtime.moe`).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import _functional_collectives as funcol
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from meshtrain.errors import ConfigError
+from meshtrain_runtime.moe import (
+    GroupedExperts,
+    MoE,
+    MoEConfig,
+    combine_expert_outputs,
+    router_losses,
+    run_experts,
+    sort_by_expert,
+)
+
+EP_AXIS = "ep"
+_HF_EP_DISPATCH_STYLE = "ep_dispatch_experts"
+
+
+class ExpertParallelExperts(nn.Module):
+    """This rank's ``num_experts / ep`` experts of one MoE layer, with all-to-all dispatch.
+
+    Same call signature as Hugging Face's ``MixtralExperts`` and meshtrain's `GroupedExperts`:
+    ``forward(hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) -> (T, H)``,
+    where `top_k_index` holds global expert ids. ``gate_up_proj`` ``(E, 2I, H)`` and
+    ``down_proj`` ``(E, H, I)`` are DTensors sharded ``Shard(0)`` over `ep_mesh`; each rank
+    stores only its slice.
+    """
+
+    def __init__(
+        self,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        act_fn: Any,
+        ep_mesh: DeviceMesh,
+    ) -> None:
+        super().__init__()
+        self.num_experts = gate_up_proj.shape[0]
+        self.ep_degree = ep_mesh.size()
+        self.ep_rank = ep_mesh.get_local_rank()
+        self.num_local_experts = self.num_experts // self.ep_degree
+        self.act_fn = act_fn
+        self.ep_mesh = ep_mesh
+        self.gate_up_proj = self._local_parameter(gate_up_proj)
+        self.down_proj = self._local_parameter(down_proj)
+        # Split sizes of the latest forward (host lists), for diagnostics and the benchmark.
+        self.last_send_splits: list[int] = []
+        self.last_recv_splits: list[int] = []
+        self.last_local_tokens: list[int] = []
+
+    @property
+    def first_expert(self) -> int:
+        """Global id of this rank's first expert."""
+        return self.ep_rank * self.num_local_experts
+
+    def _local_parameter(self, full: torch.Tensor) -> nn.Parameter:
+        start = self.first_expert
+        # clone(): a view would keep the whole tensor (all experts) alive.
+        local = full.detach()[start : start + self.num_local_experts].clone()
+        dtensor = DTensor.from_local(local, self.ep_mesh, [Shard(0)], run_check=False)
+        return nn.Parameter(dtensor, requires_grad=full.requires_grad)
+
+    def _exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Tell every rank how many assignments it gets for each of its experts.
+
+        Returns ``(ep, num_local_experts)``: row ``r`` counts what rank ``r`` sends here.
+        """
+        received = funcol.all_to_all_single(counts, None, None, self.ep_mesh)
+        return funcol.wait_tensor(received).view(self.ep_degree, self.num_local_experts)
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        order, token_index, counts = sort_by_expert(top_k_index, self.num_experts)
+        recv_counts = self._exchange_counts(counts)
+        per_rank = counts.view(self.ep_degree, self.num_local_experts)
+        # One host sync for all split sizes: all_to_all needs them as Python ints.
+        sizes = torch.cat([per_rank.sum(1), recv_counts.sum(1), recv_counts.sum(0)]).tolist()
+        ep = self.ep_degree
+        send, recv, local = sizes[:ep], sizes[ep : 2 * ep], sizes[2 * ep :]
+        self.last_send_splits, self.last_recv_splits, self.last_local_tokens = send, recv, local
+        received = funcol.all_to_all_single_autograd(
+            hidden_states[token_index], recv, send, self.ep_mesh
+        )
+        expert_out = self._run_local_experts(received, recv_counts, local)
+        returned = funcol.all_to_all_single_autograd(expert_out, send, recv, self.ep_mesh)
+        return combine_expert_outputs(hidden_states, returned, order, token_index, top_k_weights)
+
+    def _run_local_experts(
+        self, received: torch.Tensor, recv_counts: torch.Tensor, local_tokens: list[int]
+    ) -> torch.Tensor:
+        """Group the received rows (ordered by source rank, then expert) by expert, run, undo."""
+        local_ids = torch.arange(self.num_local_experts, device=received.device)
+        expert_of_row = local_ids.repeat(self.ep_degree).repeat_interleave(
+            recv_counts.reshape(-1), output_size=received.shape[0]
+        )
+        by_expert = torch.argsort(expert_of_row, stable=True)
+        out = run_experts(
+            received[by_expert],
+            local_tokens,
+            _local(self.gate_up_proj),
+            _local(self.down_proj),
+            self.act_fn,
+        )
+        return out[torch.argsort(by_expert)]
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, local_experts=[{self.first_expert}, "
+            f"{self.first_expert + self.num_local_experts}), ep_degree={self.ep_degree}"
+        )
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+# ----------------------------------------------------------------------------- finding MoE layers
+
+
+def _ep_plan_patterns(model: nn.Module) -> list[str]:
+    """Module patterns from a Hugging Face config's ``base_model_ep_plan`` (dispatch entries)."""
+    plan = getattr(getattr(model, "config", None), "base_model_ep_plan", None) or {}
+    return [key for key, style in plan.items() if style == _HF_EP_DISPATCH_STYLE]
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    for pattern in patterns:
+        regex = re.escape(pattern).replace(r"\*", r"\d+")
+        if re.search(rf"(^|\.){regex}$", name):
+            return True
+    return False
+
+
+def _check_fused_layout(name: str, module: nn.Module) -> None:
+    """Only Mixtral's layout is handled: [gate; up] concatenated, not transposed, no bias."""
+    weights = [getattr(module, attr, None) for attr in ("gate_up_proj", "down_proj")]
+    layout_ok = (
+        all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights)
+        and hasattr(module, "act_fn")
+        and not getattr(module, "has_bias", False)
+        and not getattr(module, "is_transposed", False)
+        and getattr(module, "has_gate", True)
+        and getattr(module, "is_concatenated", True)
+    )
+    if not layout_ok:
+        raise ConfigError(
+            f"expert parallelism supports fused Mixtral-style experts (3-D gate_up_proj "
+            f"(E, 2I, H) and down_proj (E, H, I), no bias); {name} ({type(module).__name__}) "
+            f"has another layout. Use expert_parallel_degree=1 for this model."
+        )
+
+
+def find_expert_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, experts module) of every MoE layer EP can split.
+
+    Hugging Face models: modules named by their config's ``base_model_ep_plan`` entries of style
+    ``ep_dispatch_experts`` (Mixtral: ``layers.*.mlp.experts``). meshtrain: the ``experts`` of
+    every `MoE` layer.
+    """
+    patterns = _ep_plan_patterns(model)
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, GroupedExperts) or (patterns and _matches(name, patterns)):
+            _check_fused_layout(name, module)
+            found.append((name, module))
+    return found
+
+
+def expert_parallel_modules(model: nn.Module) -> list[ExpertParallelExperts]:
+    """The `ExpertParallelExperts` modules `apply_expert_parallel` installed in `model`."""
+    return [m for m in model.modules() if isinstance(m, ExpertParallelExperts)]
+
+
+# ----------------------------------------------------------------------------- apply
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _resolve_meshes(ep_mesh: DeviceMesh) -> tuple[DeviceMesh, Any]:
+    """(the mesh tokens are dispatched over, the group router losses are summed over)."""
+    if ep_mesh.ndim == 1:
+        return ep_mesh, ep_mesh.get_group()
+    names = ep_mesh.mesh_dim_names or ()
+    if EP_AXIS not in names:
+        raise ConfigError(
+            f"apply_expert_parallel got a {ep_mesh.ndim}-D mesh with axes {names}; pass a 1-D "
+            f"EP mesh or a mesh with an {EP_AXIS!r} axis such as state.expert_mesh "
+            f"('replicate', 'shard_mod_ep', 'ep')."
+        )
+    # Every rank of the expert mesh is a data-parallel rank: router losses use all of them.
+    return ep_mesh[EP_AXIS], ep_mesh._flatten().get_group()
+
+
+def _check_applicable(model: nn.Module, ep_degree: int) -> None:
+    if expert_parallel_modules(model):
+        raise ConfigError(
+            f"{type(model).__name__} already has expert parallelism applied; call "
+            f"apply_expert_parallel once per model."
+        )
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor):
+            raise ConfigError(
+                f"expert_parallel_degree={ep_degree} needs a model whose parameters are plain "
+                f"tensors, but {name} is already a DTensor ({param.placements}). Expert "
+                f"parallelism cannot be combined with tensor parallelism (as in SMP): set "
+                f"tensor_parallel_degree=1; and apply it before FSDP."
+            )
+
+
+def _check_divisible(name: str, num_experts: int, ep_degree: int) -> None:
+    if num_experts % ep_degree:
+        raise ConfigError(
+            f"expert_parallel_degree={ep_degree} does not divide num_experts={num_experts} of "
+            f"{name}: each EP rank holds num_experts / expert_parallel_degree = {num_experts} / "
+            f"{ep_degree} = {num_experts / ep_degree:.2f} experts. Use expert_parallel_degree "
+            f"{_divisors(num_experts)} (it must also divide hybrid_shard_degree)."
+        )
+
+
+def apply_expert_parallel(
+    model: nn.Module, ep_mesh: DeviceMesh, *, moe_config: MoEConfig | None = None
+) -> nn.Module:
+    """Split the experts of every MoE layer in `model` over `ep_mesh`; returns `model`.
+
+    Args:
+        model: a Hugging Face MoE model whose config declares ``base_model_ep_plan`` with fused
+            3-D experts (``MixtralForCausalLM``, ``MixtralModel``), or any model with meshtrain
+            `MoE` layers. Every rank must hold identical weights (same seed or checkpoint);
+            each keeps ``num_experts / ep`` experts and frees the rest.
+        ep_mesh: a 1-D mesh of the EP group, or a mesh with an ``"ep"`` axis such as
+            ``state.expert_mesh`` (``replicate, shard_mod_ep, ep``). Tokens move over the
+            ``ep`` axis; router losses are summed over all ranks of the mesh (the
+            data-parallel ranks), or over the 1-D mesh when that is all there is.
+        moe_config: coefficients and load balancing. None keeps Hugging Face's
+            ``router_aux_loss_coef`` and no z-loss for HF models, and each `MoE` layer's own
+            config.
+
+    The router losses of an HF model come out of its forward as usual: pass
+    ``output_router_logits=True`` (or set it in the config) and ``outputs.aux_loss`` is the
+    global-batch load-balancing loss, ``outputs.z_loss`` the router z-loss, and
+    ``outputs.loss`` includes both with their coefficients. For `MoE` layers see
+    `meshtrain_runtime.moe.moe_aux_loss`.
+
+    Raises:
+        ConfigError: no MoE layer, experts not divisible by the EP degree, parameters that are
+            already DTensors (tensor parallelism or FSDP applied first), or a mesh without an
+            ``"ep"`` axis.
+    """
+    dispatch_mesh, loss_group = _resolve_meshes(ep_mesh)
+    ep_degree = dispatch_mesh.size()
+    _check_applicable(model, ep_degree)
+    targets = find_expert_modules(model)
+    if not targets:
+        plan = _ep_plan_patterns(model)
+        raise ConfigError(
+            f"expert_parallel_degree={ep_degree} but {type(model).__name__} has no "
+            f"mixture-of-experts layers: no module matches its config's base_model_ep_plan "
+            f"({plan or 'none declared'}) and it has no meshtrain_runtime.moe.MoE layer. Use "
+            f"expert_parallel_degree=1, or build the model with MoE layers."
+        )
+    for name, experts in targets:
+        _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)
+    for name, experts in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        replacement = ExpertParallelExperts(
+            experts.gate_up_proj, experts.down_proj, experts.act_fn, dispatch_mesh
+        )
+        setattr(parent, attr, replacement)
+    for layer in (m for m in model.modules() if isinstance(m, MoE)):
+        layer.aux_loss_group = loss_group
+        if moe_config is not None:
+            layer.config = moe_config
+    _install_hf_router_losses(model, loss_group, moe_config)
+    return model
+
+
+# ----------------------------------------------------------------------------- HF router losses
+
+
+class _GlobalRouterLosses:
+    """Forward hook on an HF ``...ForCausalLM``: router losses over the global batch.
+
+    Hugging Face computes ``aux_loss`` from the local batch only; with EP every rank sees
+    different tokens, so the hook recomputes it (and the z-loss) from the same router logits
+    with token sums over all data-parallel ranks, and adds both to ``loss``. The model's own
+    ``router_aux_loss_coef`` is set to 0 so its local term is not added twice.
+    """
+
+    def __init__(self, num_experts: int, top_k: int, aux_coeff: float, z_coeff: float,
+                 group: Any) -> None:
+        self.num_experts, self.top_k = num_experts, top_k
+        self.aux_coeff, self.z_coeff, self.group = aux_coeff, z_coeff, group
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        if isinstance(output, tuple):
+            requested = kwargs.get("output_router_logits")
+            if requested or (requested is None and module.config.output_router_logits):
+                raise ConfigError(
+                    "return_dict=False is not supported with expert parallelism when router "
+                    "logits are requested: use the default return_dict=True."
+                )
+            return None
+        router_logits = getattr(output, "router_logits", None)
+        if router_logits is None:
+            return None
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        load_balancing, z_loss = router_losses(
+            router_logits, self.num_experts, self.top_k, mask, self.group
+        )
+        if output.loss is not None:
+            output.loss = output.loss + self.aux_coeff * load_balancing + self.z_coeff * z_loss
+        output.aux_loss = load_balancing
+        output.z_loss = z_loss
+        return output
+
+
+def _install_hf_router_losses(
+    model: nn.Module, group: Any, moe_config: MoEConfig | None
+) -> None:
+    for module in model.modules():
+        if not all(hasattr(module, a) for a in ("router_aux_loss_coef", "num_experts_per_tok")):
+            continue
+        aux_coeff = module.router_aux_loss_coef
+        z_coeff = 0.0
+        if moe_config is not None:
+            aux_coeff, z_coeff = moe_config.load_balancing_coeff, moe_config.moe_z_loss_coeff
+        module.router_aux_loss_coef = 0.0
+        hook = _GlobalRouterLosses(
+            module.num_experts, module.num_experts_per_tok, aux_coeff, z_coeff, group
+        )
+        module.register_forward_hook(hook, with_kwargs=True)
+
+
+# ----------------------------------------------------------------------------- FSDP of experts
+
+
+def _expert_placement(shard_size: int, param: nn.Parameter) -> Shard:
+    # dim 0 indexes experts (already split by EP); dim 1 if it divides evenly, as torchtitan.
+    return Shard(1) if param.shape[1] % shard_size == 0 else Shard(0)
+
+
+def _check_expert_fsdp_mesh(ep_mesh: DeviceMesh, expert_fsdp_mesh: DeviceMesh) -> None:
+    import torch.distributed as dist
+
+    fsdp_ranks = sorted(expert_fsdp_mesh.mesh.flatten().tolist())
+    ep_ranks = sorted(ep_mesh.mesh.flatten().tolist())
+    if set(fsdp_ranks) & set(ep_ranks) != {dist.get_rank()}:
+        raise ConfigError(
+            f"expert_fsdp_mesh ranks {fsdp_ranks} overlap this rank's EP group {ep_ranks}: "
+            f"expert parameters must be sharded over ranks that hold the same experts, one per "
+            f"EP group. Pass state.expert_mesh['replicate', 'shard_mod_ep'] (or "
+            f"['shard_mod_ep']), whose size is hybrid_shard_degree / expert_parallel_degree."
+        )
+
+
+def shard_experts_with_fsdp(
+    model: nn.Module, expert_fsdp_mesh: DeviceMesh, **fully_shard_kwargs: Any
+) -> nn.Module:
+    """FSDP2-shard the local experts of every EP layer over `expert_fsdp_mesh`; returns `model`.
+
+    Call after `apply_expert_parallel` and BEFORE the block-level ``fully_shard`` calls (FSDP
+    leaves parameters already owned by a nested ``fully_shard`` alone, so the blocks then shard
+    only the non-expert parameters over the full shard axis).
+
+    `expert_fsdp_mesh` holds the ranks with the same experts: ``state.expert_mesh[
+    "replicate", "shard_mod_ep"]`` (HSDP) or ``["shard_mod_ep"]``. Expert weights are sharded
+    on dim 1 (dim 0 indexes experts) when it divides evenly, else on dim 0. Gradients are
+    divided by the full data-parallel size ``expert_fsdp_mesh.size() * ep``, not by the FSDP
+    group size: each expert's gradient already sums the tokens of its whole EP group.
+    `fully_shard_kwargs` (``reshard_after_forward``, ``mp_policy``, ...) go to ``fully_shard``.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    modules = expert_parallel_modules(model)
+    if not modules:
+        raise ConfigError(
+            f"{type(model).__name__} has no expert-parallel layers: call "
+            f"apply_expert_parallel before shard_experts_with_fsdp."
+        )
+    shard_size = expert_fsdp_mesh.size(expert_fsdp_mesh.ndim - 1)
+    placement = partial(_expert_placement, shard_size)
+    for module in modules:
+        _check_expert_fsdp_mesh(module.ep_mesh, expert_fsdp_mesh)
+        fully_shard(
+            module, mesh=expert_fsdp_mesh, shard_placement_fn=placement, **fully_shard_kwargs
+        )
+        module.set_gradient_divide_factor(float(expert_fsdp_mesh.size() * module.ep_degree))
+        if expert_fsdp_mesh.device_type == "cpu" and shard_size > 1:
+            # gloo has no PREMUL_SUM: sum, then divide. (Not with one shard: FSDP would divide
+            # twice on its single-rank path.)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
