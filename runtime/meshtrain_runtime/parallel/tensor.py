@@ -1,0 +1,454 @@
+"""Tensor parallelism (Megatron-style column/row splitting) on torch DTensor.
+
+``apply_tensor_parallel`` resolves a plan (the user's, else the HF model's own
+``config.base_model_tp_plan``), checks the attention heads against the degree, translates the
+plan into torch ``parallelize_module`` styles (see ``plans/styles.py`` for the layout), and
+makes every parameter the plan leaves whole a Replicate DTensor, so that a model with tensor
+parallelism alone works with ``torch.optim.AdamW`` defaults (foreach refuses a mix of plain
+tensors and DTensors). FSDP2's ``fully_shard`` goes on top afterwards (design.md's order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+from meshtrain.errors import ConfigError
+from meshtrain_runtime.parallel.plans import (
+    ResolvedPlan,
+    build_parallelize_plan,
+    is_inside,
+    resolve_tp_plan,
+    sequence_parallel_norms,
+)
+
+HEAD_COUNT_ATTRIBUTES = ("num_attention_heads", "num_key_value_heads", "num_heads", "num_kv_heads")
+
+
+@dataclass(frozen=True)
+class TensorParallelInfo:
+    """What ``apply_tensor_parallel`` did, kept on the model as ``model.meshtrain_tp``."""
+
+    tp_degree: int
+    plan_source: str
+    styles: dict[str, str]
+    regions: tuple[str, ...]
+    replicated_parameters: tuple[str, ...]
+    kept_replicated: tuple[str, ...]
+    sequence_parallel: bool
+    loss_parallel: bool
+
+
+def apply_tensor_parallel(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    *,
+    plan: Mapping[str, str | ParallelStyle] | None = None,
+    sequence_parallel: bool = False,
+    loss_parallel: bool = False,
+    random_seed: int | None = None,
+) -> nn.Module:
+    """Split `model` over the 1-D `tp_mesh` in place and return it.
+
+    plan: wildcard module names -> style ('colwise', 'rowwise', 'embedding_rowwise',
+        'colwise_gather_output', 'sequence_parallel', 'replicate' or a torch ParallelStyle);
+        None uses the HF model's ``config.base_model_tp_plan`` plus a vocab-parallel embedding
+        and LM head.
+    sequence_parallel: keep the residual stream split on the sequence dim between regions.
+    loss_parallel: leave the logits split on the vocabulary dim (a DTensor); compute the loss
+        inside ``torch.distributed.tensor.parallel.loss_parallel()``.
+    random_seed: SMP's ``random_seed``; TP-local random ops (inside attention/MLP regions) then
+        draw from streams seeded with ``tp_seed(random_seed, tp_rank)``.
+    """
+    if tp_mesh.ndim != 1:
+        raise ValueError(f"tp_mesh must be the 1-D 'tp' axis, got a {tp_mesh.ndim}-D mesh")
+    tp_degree = tp_mesh.size()
+    resolved = resolve_tp_plan(model, plan)
+    check_attention_heads(model, resolved, tp_degree)
+    if sequence_parallel:
+        check_sequence_parallel(model, resolved)
+    tied = _tied_head_weight(model, resolved)
+    torch_plan = build_parallelize_plan(
+        model, resolved, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
+    )
+    parallelize_module(model, tp_mesh, torch_plan)
+    if tied:
+        _retie_head(model, resolved)
+    set_local_head_counts(model, resolved, tp_degree)
+    replicated = replicate_non_tp_parameters(model, tp_mesh, regions=resolved.regions)
+    reduce_partial_gradients(model)
+    if random_seed is not None:
+        apply_tp_random_seed(model, tp_mesh, random_seed, regions=resolved.regions)
+    model.meshtrain_tp = TensorParallelInfo(  # type: ignore[assignment]
+        tp_degree=tp_degree,
+        plan_source=resolved.source,
+        styles={name: str(style) for name, style in torch_plan.items()},
+        regions=resolved.regions,
+        replicated_parameters=tuple(replicated),
+        kept_replicated=resolved.kept_replicated,
+        sequence_parallel=sequence_parallel,
+        loss_parallel=loss_parallel,
+    )
+    return model
+
+
+# --- attention heads ------------------------------------------------------------------------
+
+
+def attention_head_counts(model: nn.Module, regions: tuple[str, ...]) -> dict[str, int]:
+    """Head counts the split must respect: HF config fields and region module attributes."""
+    counts: dict[str, int] = {}
+    config = getattr(model, "config", None)
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            counts[f"config.{key}"] = value
+    modules = dict(model.named_modules())
+    for region in regions:
+        for attribute in HEAD_COUNT_ATTRIBUTES:
+            value = getattr(modules[region], attribute, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                counts.setdefault(f"{_wildcard(region)}.{attribute}", value)
+    return counts
+
+
+def check_attention_heads(model: nn.Module, resolved: ResolvedPlan, tp_degree: int) -> None:
+    """Every tp rank must hold whole query and key/value heads; ConfigError otherwise."""
+    counts = attention_head_counts(model, resolved.regions)
+    bad = {name: n for name, n in counts.items() if n % tp_degree}
+    if not bad:
+        return
+    name, heads = next(iter(bad.items()))
+    common = math.gcd(*counts.values())
+    valid = [d for d in range(1, common + 1) if common % d == 0]
+    listing = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in counts.items())
+    raise ConfigError(
+        f"tensor_parallel_degree={tp_degree} does not divide {name}={heads}: {heads} / "
+        f"{tp_degree} = {heads / tp_degree:g} heads per tp rank, but each rank must hold whole "
+        f"attention heads ({listing}). Use tensor_parallel_degree "
+        f"{', '.join(str(d) for d in valid)}."
+    )
+
+
+def set_local_head_counts(model: nn.Module, resolved: ResolvedPlan, tp_degree: int) -> None:
+    """Divide head-count attributes of the attention regions by the degree.
+
+    HF's LlamaAttention / GPTNeoXAttention (transformers 5.x) reshape with ``view(..., -1,
+    head_dim)`` and keep only the q/kv ratio, so they need nothing; modules that reshape with
+    ``self.num_heads`` (many custom models) now see their per-rank count. ``config`` stays
+    global: it is shared by all layers and saved with checkpoints.
+    """
+    modules = dict(model.named_modules())
+    for region in resolved.regions:
+        module = modules[region]
+        if getattr(module, "_meshtrain_global_heads", None) is not None:
+            continue
+        found = {
+            attribute: getattr(module, attribute)
+            for attribute in HEAD_COUNT_ATTRIBUTES
+            if isinstance(getattr(module, attribute, None), int)
+        }
+        for attribute, value in found.items():
+            setattr(module, attribute, value // tp_degree)
+        module._meshtrain_global_heads = found
+
+
+# --- sequence parallelism -------------------------------------------------------------------
+
+
+def check_sequence_parallel(model: nn.Module, resolved: ResolvedPlan) -> None:
+    """SP needs the split to start at the embedding and end at the head; nothing else whole
+    may touch the (split) residual stream."""
+    missing = [
+        what
+        for what, name in (("token embedding ('embedding_rowwise')", resolved.embedding),
+                           ("output head ('colwise_gather_output')", resolved.head))
+        if name is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"sequence_parallel=True splits the residual stream from the token embedding to the "
+            f"output head, but the plan has no {' and no '.join(missing)}. Add them to tp_plan "
+            "or set sequence_parallel=False."
+        )
+    norms = set(sequence_parallel_norms(model, resolved))
+    for name, module in model.named_modules():
+        whole = name not in resolved.styles and name not in norms and not any(
+            is_inside(name, region) for region in resolved.regions
+        )
+        if whole and any(True for _ in module.parameters(recurse=False)):
+            raise ConfigError(
+                f"sequence_parallel=True: {name} ({type(module).__name__}) has parameters but no "
+                "tensor-parallel style and sits on the sequence-split residual stream"
+                f"{_kept_note(name, resolved)}. Give it a style in tp_plan or set "
+                "sequence_parallel=False."
+            )
+
+
+def _kept_note(name: str, resolved: ResolvedPlan) -> str:
+    if any(is_inside(name, kept) for kept in resolved.kept_replicated):
+        return f" ({resolved.source} marks it for transformers' own MoE kernels, which " \
+               "meshtrain keeps whole on every tp rank)"
+    return ""
+
+
+# --- tied embeddings ------------------------------------------------------------------------
+
+
+def _tied_head_weight(model: nn.Module, resolved: ResolvedPlan) -> bool:
+    if resolved.embedding is None or resolved.head is None:
+        return False
+    modules = dict(model.named_modules())
+    return modules[resolved.embedding].weight is modules[resolved.head].weight
+
+
+def _retie_head(model: nn.Module, resolved: ResolvedPlan) -> None:
+    """Vocab-parallel embedding and head both shard the [vocab, hidden] weight on dim 0, so a
+    tied weight stays one parameter: point the head back at the embedding's DTensor."""
+    modules = dict(model.named_modules())
+    embedding, head = modules[resolved.embedding], modules[resolved.head]  # type: ignore[index]
+    if embedding.weight.placements != head.weight.placements:
+        raise AssertionError("tied embedding and head must shard the vocabulary the same way")
+    head.weight = embedding.weight
+
+
+# --- parameters the plan leaves whole -------------------------------------------------------
+
+
+def replicate_non_tp_parameters(
+    model: nn.Module, tp_mesh: DeviceMesh, *, regions: tuple[str, ...] = ()
+) -> list[str]:
+    """Turn every parameter that is still a plain tensor into a Replicate DTensor on `tp_mesh`.
+
+    Fixes the pure-TP trap: AdamW's foreach path fails on a mix of tensors and DTensors.
+    The value is broadcast from the first tp rank (``distribute_tensor``), so all tp ranks
+    hold the same weights. The owning module still computes on plain local tensors (a pre-hook
+    swaps in ``to_local()`` views, which route gradients back to the DTensor), so it works for
+    any module, including MoE experts with data-dependent indexing. Parameters inside a
+    tensor-parallel region would see only this rank's heads and get a partial gradient: that is
+    a ConfigError. Returns the replicated parameter names.
+    """
+    replaced: dict[int, nn.Parameter] = {}
+    names: list[str] = []
+    for module_name, module in model.named_modules():
+        own = [(n, p) for n, p in module._parameters.items()
+               if p is not None and not isinstance(p, DTensor)]
+        if not own:
+            continue
+        _check_outside_regions(module_name, module, regions)
+        for param_name, param in own:
+            if id(param) not in replaced:
+                value = distribute_tensor(param.detach(), tp_mesh, [Replicate()])
+                replaced[id(param)] = nn.Parameter(value, requires_grad=param.requires_grad)
+            module.register_parameter(param_name, replaced[id(param)])
+            names.append(f"{module_name}.{param_name}" if module_name else param_name)
+        _compute_on_local_tensors(module)
+    return names
+
+
+def _check_outside_regions(name: str, module: nn.Module, regions: tuple[str, ...]) -> None:
+    for region in regions:
+        if is_inside(name, region):
+            raise ConfigError(
+                f"{name} ({type(module).__name__}) has parameters but no tensor-parallel style, "
+                f"and lies inside the tensor-parallel region {region} (between its colwise and "
+                "rowwise projections), where each rank sees only its own heads. Give it a style "
+                "in tp_plan (a projection: 'colwise'; the region's output: 'rowwise')."
+            )
+
+
+def _compute_on_local_tensors(module: nn.Module) -> None:
+    if getattr(module, "_meshtrain_local_params", False):
+        return
+    module.register_forward_pre_hook(_swap_in_local_parameters)
+    module.register_forward_hook(_swap_out_local_parameters, always_call=True)
+    module._meshtrain_local_params = True
+
+
+def _swap_in_local_parameters(module: nn.Module, _args: tuple) -> None:
+    # An instance attribute wins over nn.Module.__getattr__ (which serves _parameters), so the
+    # forward sees local tensors while named_parameters/state_dict keep the DTensors.
+    for name, param in module._parameters.items():
+        if isinstance(param, DTensor):
+            module.__dict__[name] = param.to_local()
+
+
+def _swap_out_local_parameters(module: nn.Module, _args: tuple, _output: Any) -> None:
+    for name in module._parameters:
+        module.__dict__.pop(name, None)
+
+
+def reduce_partial_gradients(model: nn.Module) -> None:
+    """Reduce a Partial gradient to its parameter's placement once, right after backward.
+
+    A replicated norm weight applied to sequence-split tokens gets a Partial (per-rank sum)
+    gradient. Left so, every optimizer op on it would all-reduce again, and
+    ``clip_grad_norm_`` would see a partial; FSDP2 on top reduces it itself (its hook here then
+    finds the gradient already reduced).
+    """
+    for param in model.parameters():
+        if isinstance(param, DTensor) and not getattr(param, "_meshtrain_grad_hook", False):
+            param.register_post_accumulate_grad_hook(_redistribute_grad)
+            param._meshtrain_grad_hook = True
+
+
+def _redistribute_grad(param: torch.Tensor) -> None:
+    grad = param.grad
+    if isinstance(grad, DTensor) and grad.placements != param.placements:  # type: ignore[union-attr]
+        param.grad = grad.redistribute(placements=param.placements)  # type: ignore[union-attr]
+
+
+# --- random seeds ---------------------------------------------------------------------------
+
+
+def tp_seed(random_seed: int, tp_rank: int) -> int:
+    """SMP's ``random_seed`` rule: TP-local random ops use ``random_seed + tp_rank``."""
+    return random_seed + tp_rank
+
+
+def region_seed(random_seed: int, tp_rank: int, region_index: int, forward_index: int) -> int:
+    """The seed of one region's forward: ``tp_seed`` mixed with the region and the forward.
+
+    Unique per tp rank, region and forward; the same again when activation checkpointing
+    recomputes the region (no forward of the root model happens in between).
+    """
+    key = f"{tp_seed(random_seed, tp_rank)}:{region_index}:{forward_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+@dataclass
+class _ForwardCounter:
+    value: int = -1
+    handles: list[Any] = field(default_factory=list)
+
+    def bump(self, _module: nn.Module, _args: tuple) -> None:
+        self.value += 1
+
+
+def apply_tp_random_seed(
+    model: nn.Module, tp_mesh: DeviceMesh, random_seed: int, *, regions: tuple[str, ...]
+) -> None:
+    """Run each region's forward on its own RNG stream seeded from ``tp_seed``.
+
+    Random ops inside a region (attention dropout on this rank's heads) then differ across tp
+    ranks, as they must; the default stream outside regions is untouched, so ops on the
+    replicated residual stream stay identical across tp ranks and equal to the non-TP run with
+    the same seed. ``fork_rng`` restores the outer stream after each region.
+    """
+    counter = _ForwardCounter()
+    model.register_forward_pre_hook(counter.bump)
+    tp_rank = tp_mesh.get_local_rank()
+    modules = dict(model.named_modules())
+    for index, region in enumerate(regions):
+        module = modules[region]
+        module.forward = partial(  # type: ignore[method-assign]
+            _forward_on_tp_stream, module.forward, counter,
+            partial(region_seed, random_seed, tp_rank, index),
+        )
+
+
+def _forward_on_tp_stream(
+    forward: Callable[..., Any], counter: _ForwardCounter, seed_of: Callable[[int], int],
+    *args: Any, **kwargs: Any,
+) -> Any:
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        seed = seed_of(max(counter.value, 0))
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)
+        return forward(*args, **kwargs)
+
+
+# --- communication accounting ---------------------------------------------------------------
+
+_OP_NAMES = {
+    "all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
+    "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter", "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast", "broadcast_": "broadcast",
+}
+
+
+@dataclass
+class CollectiveStats:
+    """Collectives of one measured step: counts and payload bytes per (phase, op).
+
+    Payload is the size of the whole logical tensor (an all-gather's output, a
+    reduce-scatter's input), the unit Megatron's formulas use.
+    """
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    payload_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def add(self, phase: str, op: str, nbytes: int) -> None:
+        self.counts[(phase, op)] = self.counts.get((phase, op), 0) + 1
+        self.payload_bytes[(phase, op)] = self.payload_bytes.get((phase, op), 0) + nbytes
+
+
+class _ByteCountingCommMode(CommDebugMode):
+    """torch's CommDebugMode, also recording each collective's payload bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats = CollectiveStats()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = self.get_total_counts()
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if out is not NotImplemented and self.get_total_counts() > before:
+            phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
+            name = func._overloadpacket.__name__
+            self.stats.add(phase, _OP_NAMES.get(name, name), _payload_bytes(name, args))
+        return out
+
+
+def _payload_bytes(name: str, args: tuple) -> int:
+    tensors = args[0] if isinstance(args[0], list | tuple) else [args[0]]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if name == "all_gather_into_tensor":
+        return nbytes * int(args[1])  # args: input, group_size, group
+    if name == "_allgather_base_":
+        return args[0].numel() * args[0].element_size()  # args: output, input
+    if name == "_reduce_scatter_base_":
+        return args[1].numel() * args[1].element_size()  # args: output, input
+    return nbytes
+
+
+def count_collectives(step: Callable[[], Any]) -> CollectiveStats:
+    """Run `step` (forward + backward) under torch's CommDebugMode; return its collectives."""
+    mode = _ByteCountingCommMode()
+    with mode:
+        step()
+    return mode.stats
+
+
+def _wildcard(name: str) -> str:
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+__all__ = [
+    "CollectiveStats",
+    "TensorParallelInfo",
+    "apply_tensor_parallel",
+    "apply_tp_random_seed",
+    "attention_head_counts",
+    "check_attention_heads",
+    "count_collectives",
+    "reduce_partial_gradients",
+    "region_seed",
+    "replicate_non_tp_parameters",
+    "tp_seed",
+]

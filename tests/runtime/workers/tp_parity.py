@@ -1,0 +1,113 @@
+"""Worker: tensor parallelism (alone, or under FSDP2) vs the single-process run.
+
+Usage (under torchrun + meshtrain_runtime.rank_entry):
+    tp_parity.py OUT.json CASE [CASE ...] [--checks]
+CASE is ``model/RxSxT[/sp][/lp]``: model llama|llama_tied|neox|mixtral|custom, mesh
+(replicate, shard, tp) whose product is the world size, sp = sequence parallel, lp = loss
+parallel. ``--checks`` also runs tp_checks (2 ranks). Rank 0 writes the results as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import tp_models as models
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
+
+_MESHES: dict[tuple[int, int, int], DeviceMesh] = {}
+_REFERENCES: dict[tuple[str, int], list[float]] = {}
+
+
+def parse_case(case: str) -> dict:
+    kind, shape, *flags = case.split("/")
+    replicate, shard, tp = (int(n) for n in shape.split("x"))
+    return {"kind": kind, "mesh": (replicate, shard, tp), "sp": "sp" in flags,
+            "lp": "lp" in flags}
+
+
+def mesh_for(shape: tuple[int, int, int]) -> DeviceMesh:
+    if shape not in _MESHES:
+        _MESHES[shape] = init_device_mesh("cpu", shape,
+                                          mesh_dim_names=("replicate", "shard", "tp"))
+    return _MESHES[shape]
+
+
+def tp_placements(model: torch.nn.Module) -> dict[str, str]:
+    """The placement on the tp axis of every parameter (under FSDP2: of its 2-D/3-D DTensor)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if not isinstance(param, DTensor):
+            out[name] = "plain tensor"
+            continue
+        names = param.device_mesh.mesh_dim_names or ()
+        axis = names.index("tp") if "tp" in names else 0
+        out[name] = str(param.placements[axis])
+    return out
+
+
+def run_case(case: str) -> dict:
+    spec = parse_case(case)
+    replicate, shard, tp = spec["mesh"]
+    mesh = mesh_for(spec["mesh"])
+    model = models.build_model(spec["kind"])
+    plan = models.CUSTOM_PLAN if spec["kind"] == "custom" else None
+    apply_tensor_parallel(model, mesh["tp"], plan=plan, sequence_parallel=spec["sp"],
+                          loss_parallel=spec["lp"])
+    dp_degree = replicate * shard
+    if dp_degree > 1:  # as transform will: fully_shard on the blocks, then the root
+        dp_mesh = mesh["shard"] if replicate == 1 else mesh["replicate", "shard"]
+        for block in models.blocks_of(model):
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    placements = tp_placements(model)
+    dp_rank = dist.get_rank() // tp  # tp ranks are contiguous; all of them see the same batch
+    lo, hi = dp_rank * models.LOCAL_BATCH, (dp_rank + 1) * models.LOCAL_BATCH
+
+    def batch_of(step: int) -> torch.Tensor:
+        return models.global_batch(dp_degree, step)[lo:hi]
+
+    losses = models.train(model, batch_of, parallel_loss=spec["lp"])
+    key = (spec["kind"], dp_degree)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = models.reference_losses(spec["kind"], dp_degree)
+    reference = _REFERENCES[key]
+    return {
+        "losses": losses,
+        "reference": reference,
+        "max_abs_error": max(abs(a - b) for a, b in zip(losses, reference, strict=True)),
+        "placements": placements,
+    }
+
+
+def main() -> None:
+    out_path, *cases = sys.argv[1:]
+    checks = "--checks" in cases
+    cases = [case for case in cases if case != "--checks"]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo")
+    results: dict = {"world_size": dist.get_world_size(), "cases": {}}
+    for case in cases:
+        try:
+            results["cases"][case] = run_case(case)
+        except Exception as error:  # record and go on: one failing layout must not hide others
+            results["cases"][case] = {"error": "".join(traceback.format_exception(error))}
+    if checks:
+        import tp_checks
+
+        results["checks"] = tp_checks.run_all(mesh_for((1, 1, dist.get_world_size()))["tp"])
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
