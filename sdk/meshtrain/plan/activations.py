@@ -1,0 +1,258 @@
+"""Activation memory: the tensors autograd keeps from forward to backward, per GPU.
+
+The per-layer accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation
+in Large Transformer Models", section 4): list what each operation saves for backward, divide
+what tensor / sequence parallelism splits, and drop what recomputation does not keep. For the
+paper's GPT layer (family ``gpt``) the sum is exactly the paper's
+``sbh (34 + 5as/h)`` bytes (16-bit, no parallelism), ``sbh (10 + 24/t + 5as/(ht))`` with tensor
+parallelism, ``sbh/t (34 + 5as/h)`` with sequence parallelism too, ``34 sbh / t`` with selective
+recomputation and ``2 sbh`` with full recomputation.
+
+Hugging Face layers save different tensors, listed per family below (what
+``torch.autograd.graph.saved_tensors_hooks`` reports, counting each storage once and leaving
+parameters out):
+
+- RMSNorm (Llama) is not fused: it saves its input as fp32 (the input itself in fp32 training,
+  a copy in bf16), ``rsqrt`` of the variance (fp32, one number per token) and the normalised
+  input in the compute dtype (for the weight's gradient); the norm's output is saved by the
+  projections that read it.
+- SDPA attention (flash-style, the default) saves q, k, v (k and v with the key/value heads
+  of grouped-query attention), the output and the fp32 log-sum-exp per head and token; no
+  ``s x s`` tensor. Llama's output is laid out (b, s, heads, d) so ``o_proj`` saves the same
+  storage; GPT-NeoX's is copied first.
+- Eager attention repeats k and v to all heads and keeps the fp32 softmax (plus a cast copy in
+  16-bit training) and a contiguous copy of its output.
+- SwiGLU saves the gate output, its SiLU, the up output and their product (4 x intermediate);
+  GELU saves its input and output (2 x intermediate).
+- Mixtral's sparse block saves fp32 router probabilities, top-k indices and weights, and per
+  routed token the gathered input, the expert MLP tensors and the expert output.
+- Dropout with p > 0 saves a 1-byte mask (HF configs default to p = 0: nothing).
+
+Tensor parallelism (HF plans: q/k/v/gate/up column-wise, o/down row-wise) splits heads and the
+intermediate dim. With sequence parallelism norms run on a sequence shard, but torch saves the
+all-gathered input of each column-wise projection, so those stay full size (Megatron saves the
+shard and gathers again in backward; the ``gpt`` family keeps the paper's convention).
+Context parallelism splits the sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from meshtrain.errors import ConfigError
+from meshtrain.plan.models import ModelSpec
+
+Recompute = Literal["none", "selective", "full"]
+ACT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_F32 = 4
+_I64 = 8
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Per-rank sizes: tokens t, sequence s, heads a / kv, head dim d, ... and dividers."""
+
+    b: int
+    s: int
+    h: int
+    a: float
+    kv: float
+    d: int
+    i: float
+    v: int
+    act: int
+    sp_div: int
+    tp: int
+
+    @property
+    def t(self) -> int:
+        return self.b * self.s
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Activation bytes one GPU keeps at the end of the forward pass, and their parts."""
+
+    layer_terms: dict[str, float]
+    """One layer without recomputation (or with selective recomputation), by tensor."""
+    checkpoint_bytes: float
+    """What one fully recomputed layer keeps: its input."""
+    num_layers: int
+    num_checkpointed: int
+    num_checkpoints_on_gpu: int
+    """Checkpointed layers whose inputs stay on the GPU (all, or the offload horizon)."""
+    model_terms: dict[str, float] = field(default_factory=dict)
+    """Once per model: token ids, rotary tables, final norm, head input, logits, labels."""
+
+    @property
+    def layer_bytes(self) -> float:
+        return sum(self.layer_terms.values())
+
+    @property
+    def total_bytes(self) -> float:
+        full = (self.num_layers - self.num_checkpointed) * self.layer_bytes
+        checkpoints = self.num_checkpoints_on_gpu * self.checkpoint_bytes
+        return full + checkpoints + sum(self.model_terms.values())
+
+    @property
+    def recompute_working_bytes(self) -> float:
+        """During backward a recomputed layer's full activations exist again (one at a time)."""
+        return self.layer_bytes if self.num_checkpointed else 0.0
+
+
+def activation_bytes(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    precision: str = "bf16",
+    tensor_parallel_degree: int = 1,
+    sequence_parallel: bool = False,
+    context_parallel_degree: int = 1,
+    recompute: Recompute = "none",
+    checkpoint_interval: int = 1,
+    offload: bool = False,
+    loading_horizon: int = 2,
+) -> ActivationEstimate:
+    """Activation bytes per GPU for `micro_batch` sequences of `seq_len` tokens.
+
+    `recompute="full"` checkpoints blocks 0, n, 2n, ... (n = `checkpoint_interval`) and keeps
+    only their inputs; `offload` moves those inputs to host memory except `loading_horizon`
+    layers'. `"selective"` recomputes the attention core (drops the s x s tensors).
+    """
+    if precision not in ACT_BYTES:
+        raise ConfigError(f"precision={precision!r}: use one of {', '.join(ACT_BYTES)}.")
+    if seq_len % context_parallel_degree:
+        raise ConfigError(f"seq_len={seq_len} is not divisible by context_parallel_degree="
+                          f"{context_parallel_degree}.")
+    shape = _shape(model, seq_len // context_parallel_degree, micro_batch, ACT_BYTES[precision],
+                   tensor_parallel_degree, sequence_parallel)
+    layer = _layer_terms(model, shape, selective=recompute == "selective")
+    num_ckpt = math.ceil(model.num_layers / checkpoint_interval) if recompute == "full" else 0
+    on_gpu = min(loading_horizon, num_ckpt) if offload and num_ckpt else num_ckpt
+    return ActivationEstimate(
+        layer_terms=layer,
+        checkpoint_bytes=shape.act * shape.t * shape.h / shape.sp_div,
+        num_layers=model.num_layers,
+        num_checkpointed=num_ckpt,
+        num_checkpoints_on_gpu=on_gpu,
+        model_terms=_model_terms(model, shape),
+    )
+
+
+def _shape(model: ModelSpec, s: int, b: int, act: int, tp: int, sp: bool) -> _Shape:
+    return _Shape(b=b, s=s, h=model.hidden_size, a=model.num_attention_heads / tp,
+                  kv=model.num_key_value_heads / tp, d=model.attention_head_dim,
+                  i=model.intermediate_size / tp, v=model.vocab_size, act=act,
+                  sp_div=tp if sp else 1, tp=tp)
+
+
+def _layer_terms(model: ModelSpec, x: _Shape, *, selective: bool) -> dict[str, float]:
+    if model.family == "gpt":
+        return _gpt_layer(model, x, selective)
+    terms = {"norms": 2 * _norm(model, x)}
+    if model.family == "gpt_neox":  # parallel residual: both LayerNorms read the same input
+        terms["norms"] -= x.act * x.t * x.h / x.sp_div
+    terms["projection_inputs"] = 2 * x.act * x.t * x.h
+    terms.update(_attention(model, x, selective))
+    if model.is_moe:
+        terms.update(_moe(model, x))
+    else:
+        per_token = 4 if model.family != "gpt_neox" else 2  # SwiGLU : GELU
+        terms["mlp"] = per_token * x.act * x.t * x.i
+    if model.hidden_dropout > 0:
+        terms["dropout_masks"] = 2 * x.t * x.h / x.sp_div
+    return terms
+
+
+def _norm(model: ModelSpec, x: _Shape) -> float:
+    """What one norm saves, not counting its output (the next projection saves that)."""
+    if model.family == "gpt_neox":  # LayerNorm: input + fp32 mean and rstd
+        return (x.act * x.t * x.h + 2 * _F32 * x.t) / x.sp_div
+    # RMSNorm: fp32 input, fp32 rsqrt per token, normalised input in the compute dtype.
+    return (_F32 * x.t * x.h + _F32 * x.t + x.act * x.t * x.h) / x.sp_div
+
+
+def _attention(model: ModelSpec, x: _Shape, selective: bool) -> dict[str, float]:
+    q = x.act * x.t * x.a * x.d
+    if model.attention == "sdpa":
+        kv = 2 * x.act * x.t * x.kv * x.d
+        lse = _F32 * x.b * x.a * x.s
+        terms = {"attention_qkv": q + kv, "attention_out": q, "attention_lse": lse}
+        if model.family == "gpt_neox":
+            terms["attention_out"] += q  # transposed to (b, s, h) by a copy before `dense`
+        return terms
+    scores = x.b * x.a * x.s * x.s
+    terms = {"attention_qkv": 3 * q, "attention_out": q}  # k, v repeated to all heads
+    if not selective:
+        terms["attention_scores"] = _F32 * scores + (x.act * scores if x.act != _F32 else 0)
+        if model.attention_dropout > 0:
+            terms["attention_scores"] += scores + x.act * scores  # mask and dropped scores
+    return terms
+
+
+def _moe(model: ModelSpec, x: _Shape) -> dict[str, float]:
+    e, k = model.num_experts, model.experts_per_token
+    routed = x.t * k
+    router = _F32 * x.t * e + _I64 * routed + _F32 * x.t + _F32 * routed + 2 * _I64 * routed
+    experts = x.act * routed * (2 * x.h + 4 * x.i) + _F32 * routed + _I64 * routed
+    return {"moe_router": router + _F32 * e, "moe_experts": experts}
+
+
+def _gpt_layer(model: ModelSpec, x: _Shape, selective: bool) -> dict[str, float]:
+    """Korthikanti et al. 2022, section 4.1 (Megatron's GPT layer), term by term."""
+    sbh, act, tp, sp = x.t * x.h, x.act, x.tp, x.sp_div
+    terms = {
+        "layernorm_inputs": 2 * act * sbh / sp,
+        "qkv_input": act * sbh / sp,
+        "q_k": 2 * act * sbh / tp,
+        "v": act * sbh / tp,
+        "projection_input": act * sbh / tp,
+        "mlp_input": act * sbh / sp,
+        "gelu_input_output": 2 * act * x.t * x.i,
+        "dropout_masks": 2 * sbh / sp,
+    }
+    if not selective:
+        scores = x.b * x.a * x.s * x.s  # a is already divided by t
+        terms["attention_scores"] = act * scores + scores + act * scores  # softmax, mask, dropout
+    return terms
+
+
+def _model_terms(model: ModelSpec, x: _Shape) -> dict[str, float]:
+    if model.family == "gpt":
+        return {
+            "embedding_dropout_mask": x.t * x.h / x.sp_div,
+            "final_norm": x.act * x.t * x.h / x.sp_div,
+            "head_input": x.act * x.t * x.h / x.sp_div,
+            "logits_fp32": _F32 * x.t * x.v / x.tp,
+        }
+    return {
+        "token_ids": _I64 * x.t,
+        "rotary_tables": 2 * x.act * x.s * model.rotary_dim,
+        "final_norm": _norm(model, x),
+        "head_input": x.act * x.t * x.h,
+        # HF's head gathers the logits ("colwise_gather_output"); the loss upcasts to fp32.
+        "logits_fp32": _F32 * x.t * x.v,
+        "labels": _I64 * x.t,
+        "loss": _F32,
+    }
+
+
+def korthikanti_layer_bytes(
+    *, seq_len: int, micro_batch: int, hidden_size: int, num_heads: int,
+    tensor_parallel_degree: int = 1, sequence_parallel: bool = False,
+    recompute: Recompute = "none",
+) -> float:
+    """The paper's closed forms (Table 2) for one GPT layer in 16-bit, for checking."""
+    s, b, h, a, t = seq_len, micro_batch, hidden_size, num_heads, tensor_parallel_degree
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    scores = 0 if recompute == "selective" else 5 * a * s / h
+    if sequence_parallel:
+        return s * b * h / t * (34 + scores)
+    return s * b * h * (10 + 24 / t + scores / t)
+
+
+__all__ = ["ACT_BYTES", "ActivationEstimate", "activation_bytes", "korthikanti_layer_bytes"]

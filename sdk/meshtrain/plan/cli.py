@@ -1,0 +1,166 @@
+"""`meshtrain plan`: will a model fit, and which layout is fastest.
+
+Examples::
+
+    meshtrain plan --num-params 7e9 --gpus 8 --json
+    meshtrain plan --model llama2-70b --instance-type ml.p4d.24xlarge --instance-count 4
+
+Exit status: 0 when some layout fits (or fit cannot be judged: no GPU memory given), 1 when
+none fits, 2 for a bad argument (a ConfigError, printed on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+
+from meshtrain.errors import ConfigError
+from meshtrain.plan.cluster import Cluster, build_cluster
+from meshtrain.plan.layouts import Plan, plan_layouts, smallest_fitting_count
+from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
+from meshtrain.plan.models import PRESETS, ModelSpec, llama_shaped, resolve_model
+from meshtrain.plan.report import plan_to_dict, render_plan, short_layout
+
+_DIMENSIONS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `plan` subcommand to an argparse subparsers object; its handler is `run_plan`."""
+    parser = subparsers.add_parser(
+        "plan", help="estimate memory and communication per GPU and rank layouts",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(handler=run_plan)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan options, on any parser."""
+    model = parser.add_argument_group("model (one of --model, --num-params, or dimensions)")
+    model.add_argument("--model", help=f"a preset ({', '.join(PRESETS)}) or a config.json path")
+    model.add_argument("--num-params", type=float, help="only the parameter count, e.g. 7e9")
+    for name in (*_DIMENSIONS, "num_kv_heads", "vocab_size", "num_experts", "experts_per_token"):
+        model.add_argument(f"--{name.replace('_', '-')}", type=int)
+    run = parser.add_argument_group("training")
+    run.add_argument("--seq-len", type=int, default=4096)
+    run.add_argument("--micro-batch", type=int, default=1, help="sequences per data-parallel rank")
+    run.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
+    run.add_argument("--optimizer", choices=tuple(OPTIMIZER_STATE_BYTES), default="adamw")
+    run.add_argument("--fused-optimizer", action="store_true",
+                     help="torch's fused Adam: no step buffer")
+    run.add_argument("--convention", choices=("zero", "smp"), default="zero",
+                     help="bytes per parameter: zero=16 (default), smp=20 (with Adam)")
+    run.add_argument("--compute-efficiency", type=float, default=0.4,
+                     help="fraction of peak FLOP/s reached, for ranking (default 0.4)")
+    cluster = parser.add_argument_group("cluster (an instance type, or --gpus)")
+    cluster.add_argument("--instance-type", help="e.g. ml.p4d.24xlarge")
+    cluster.add_argument("--instance-count", type=int, default=1)
+    cluster.add_argument("--processes-per-host", type=int)
+    cluster.add_argument("--gpus", type=int, help="total GPUs")
+    cluster.add_argument("--gpu-memory", type=float, help="GiB per GPU (default 80 with --gpus)")
+    cluster.add_argument("--gpus-per-node", type=int, help="with --gpus (default min(gpus, 8))")
+    cluster.add_argument("--reserve-gib", type=float,
+                         help="per GPU, for CUDA context, NCCL, fragmentation "
+                              "(default 1 + 5%% of GPU memory)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--top", type=int, default=10, help="candidates to show (0: all)")
+    out.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """--model, --num-params or explicit dimensions (exactly one of them) -> ModelSpec."""
+    given = [args.model is not None, args.num_params is not None,
+             any(getattr(args, name) is not None for name in _DIMENSIONS)]
+    if sum(given) != 1:
+        raise ConfigError("Name the model one way: --model NAME|config.json, --num-params N, "
+                          "or --hidden-size/--num-layers/--num-heads/--intermediate-size.")
+    if args.model is not None:
+        return resolve_model(args.model)
+    if args.num_params is not None:
+        return llama_shaped(args.num_params, vocab_size=args.vocab_size or 32000)
+    missing = [f"--{name.replace('_', '-')}" for name in _DIMENSIONS if getattr(args, name) is None]
+    if missing:
+        raise ConfigError(f"Explicit dimensions need {', '.join(missing)} as well.")
+    experts = args.num_experts or 0
+    return ModelSpec(
+        name="custom", family="mixtral" if experts else "llama", hidden_size=args.hidden_size,
+        num_layers=args.num_layers, num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads or args.num_heads,
+        intermediate_size=args.intermediate_size, vocab_size=args.vocab_size or 32000,
+        num_experts=experts, experts_per_token=args.experts_per_token or (2 if experts else 0))
+
+
+def cluster_from_args(args: argparse.Namespace) -> tuple[Cluster, Callable[[int], Cluster]]:
+    """The cluster asked for, and count -> the same kind with `count` hosts."""
+    if args.instance_type is not None and args.gpus is not None:
+        raise ConfigError("Give either --instance-type (with --instance-count) or --gpus.")
+    if args.instance_type is not None:
+        def build(count: int) -> Cluster:
+            return build_cluster(instance_type=args.instance_type, instance_count=count,
+                                 processes_per_host=args.processes_per_host,
+                                 gpu_memory_gib=args.gpu_memory, reserve_gib=args.reserve_gib)
+
+        return build(args.instance_count), build
+    base = build_cluster(gpus=args.gpus, gpu_memory_gib=args.gpu_memory,
+                         gpus_per_node=args.gpus_per_node, reserve_gib=args.reserve_gib)
+
+    def build_nodes(count: int) -> Cluster:
+        return build_cluster(gpus=count * base.ranks_per_node, gpu_memory_gib=args.gpu_memory,
+                             gpus_per_node=base.ranks_per_node, reserve_gib=args.reserve_gib)
+
+    return base, build_nodes
+
+
+def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]]:
+    """The ranked plan for parsed arguments, and how to build a bigger cluster."""
+    model = model_from_args(args)
+    training = Training(seq_len=args.seq_len, micro_batch=args.micro_batch,
+                        precision=args.precision, optimizer=args.optimizer,
+                        convention=args.convention, compute_efficiency=args.compute_efficiency,
+                        fused_optimizer=args.fused_optimizer)
+    cluster, build = cluster_from_args(args)
+    return plan_layouts(model, cluster, training), build
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Handler of `meshtrain plan`: print the plan; 0 if a layout fits, 1 if none does."""
+    plan, build = build_plan(args)
+    top = None if args.top == 0 else args.top
+    best = plan.best
+    bigger = None
+    if best is None:  # nothing fits: how many hosts of this kind would do
+        bigger = smallest_fitting_count(plan.model, plan.training, build,
+                                        above=plan.cluster.num_nodes)
+    if args.json:
+        data = plan_to_dict(plan, top=top)
+        data["smallest_fitting_node_count"] = None if bigger is None else bigger[0]
+        print(json.dumps(data, indent=2))
+    else:
+        console = Console()
+        render_plan(plan, console, top=top or len(plan.candidates))
+        if bigger is not None:
+            count, bigger_plan = bigger
+            console.print(f"With {count} nodes of this kind, {short_layout(bigger_plan.best)} "
+                          f"fits: {bigger_plan.best.describe()}.")  # type: ignore[union-attr]
+    return 0 if best is not None else 1
+
+
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    """`meshtrain plan` on its own: parse `argv`, run, map a ConfigError to exit status 2."""
+    parser = argparse.ArgumentParser(prog="meshtrain plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_plan(args)
+    except ConfigError as error:
+        print(f"meshtrain plan: {error}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["add_arguments", "build_plan", "cluster_from_args", "model_from_args", "plan_main",
+           "register", "run_plan"]

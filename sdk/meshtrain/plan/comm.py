@@ -1,0 +1,242 @@
+"""Communication bytes each GPU sends per optimizer step, and a rough time for them.
+
+Ring algorithms (what NCCL and gloo run), for a message of M bytes over n ranks, each rank sends:
+
+- all-reduce ``2 (n-1)/n * M``; reduce-scatter and all-gather ``(n-1)/n * M`` (M = the full,
+  unsharded size); all-to-all ``(n-1)/n * M`` (M = what one rank holds, uniform routing).
+
+Per step (one micro-batch each, as the runtime runs it):
+
+- FSDP: all-gather the compute-dtype parameters in forward, and again in backward when units
+  reshard after forward (full_shard, hybrid_shard; the output head never does); reduce-scatter
+  fp32 gradients; with replicas, all-reduce the gradient shards over the replicate group.
+  Expert tensors do this over ``shard / ep`` ranks.
+- Tensor parallelism, per layer: 2 all-reduces of the (b, s, h) activations in forward and 2 in
+  backward, or with sequence parallelism an all-gather and a reduce-scatter in place of each
+  (the same volume); full recomputation repeats the forward ones. The HF output head gathers
+  the logits (b, s, V / t each) in forward and all-reduces its input gradient in backward.
+- Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward.
+- Context parallelism ("all_gather" type), per layer: all-gather k and v in forward,
+  reduce-scatter their gradients in backward.
+
+Rank layout (meshtrain's contract): replicate x shard x tp with TP innermost, so a TP group is
+``t`` consecutive ranks, a shard group ``S`` ranks ``t`` apart, a replicate group ``R`` ranks
+``S t`` apart; EP and CP groups are carved out of the shard group (stride ``t``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshtrain.contract.degrees import ResolvedDegrees
+from meshtrain.plan.cluster import Cluster
+from meshtrain.plan.memory import REDUCE_BYTES, Training
+from meshtrain.plan.models import ModelSpec, param_groups
+
+
+def all_reduce_bytes(n: int, message: float) -> float:
+    """Bytes each rank sends in a ring all-reduce of `message` bytes over `n` ranks."""
+    return 2 * (n - 1) / n * message
+
+
+def reduce_scatter_bytes(n: int, message: float) -> float:
+    """Bytes each rank sends reducing a full `message` into n shards (also all-gather's)."""
+    return (n - 1) / n * message
+
+
+all_gather_bytes = reduce_scatter_bytes
+
+
+def all_to_all_bytes(n: int, message: float) -> float:
+    """Bytes each rank sends exchanging its `message` evenly with n - 1 others."""
+    return (n - 1) / n * message
+
+
+@dataclass(frozen=True)
+class CommVolumes:
+    """Bytes one GPU sends per step, by collective."""
+
+    fsdp_all_gather: float = 0.0
+    fsdp_reduce_scatter: float = 0.0
+    data_parallel_all_reduce: float = 0.0
+    tensor_parallel: float = 0.0
+    expert_all_to_all: float = 0.0
+    context_parallel: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.fsdp_all_gather + self.fsdp_reduce_scatter + self.data_parallel_all_reduce
+                + self.tensor_parallel + self.expert_all_to_all + self.context_parallel)
+
+
+def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, float, float]:
+    """(non-expert, expert, output-head) parameter elements on one rank before FSDP."""
+    tp, ep = degrees.tensor_parallel_degree, degrees.expert_parallel_degree
+    dense = expert = head = 0.0
+    for group in param_groups(model):
+        shape = list(group.shape)
+        if group.tp_dim is not None:
+            shape[group.tp_dim] = math.ceil(shape[group.tp_dim] / tp)
+        if group.expert:
+            shape[0] = math.ceil(shape[0] / ep)
+            expert += math.prod(shape) * group.count
+        else:
+            dense += math.prod(shape) * group.count
+            head += math.prod(shape) * group.count if group.unit == "head" else 0.0
+    return dense, expert, head
+
+
+def communication_volumes(
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, *, recompute: bool = False
+) -> CommVolumes:
+    """Bytes one GPU sends per step under `degrees` (see the module docstring)."""
+    dense, expert, head = _local_elements(model, degrees)
+    c, r = training.compute_bytes, REDUCE_BYTES
+    shard, rep = degrees.hybrid_shard_degree, degrees.replicate_degree
+    expert_shard = shard // degrees.expert_parallel_degree
+    gathers = 2 if degrees.reshard_after_forward else 1
+    all_gather = (all_gather_bytes(shard, (gathers * (dense - head) + head) * c)
+                  + all_gather_bytes(expert_shard, gathers * expert * c))
+    reduce_scatter = reduce_scatter_bytes(shard, dense * r) + reduce_scatter_bytes(
+        expert_shard, expert * r)
+    all_reduce = all_reduce_bytes(rep, dense / shard * r) + all_reduce_bytes(
+        rep, expert / expert_shard * r)
+    return CommVolumes(
+        fsdp_all_gather=all_gather,
+        fsdp_reduce_scatter=reduce_scatter,
+        data_parallel_all_reduce=all_reduce,
+        tensor_parallel=_tensor_parallel(model, degrees, training, recompute),
+        expert_all_to_all=_expert_parallel(model, degrees, training, recompute),
+        context_parallel=_context_parallel(model, degrees, training, recompute),
+    )
+
+
+def _tokens(degrees: ResolvedDegrees, training: Training) -> int:
+    return training.micro_batch * training.seq_len // degrees.context_parallel_degree
+
+
+def _tensor_parallel(
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool
+) -> float:
+    t = degrees.tensor_parallel_degree
+    if t == 1:
+        return 0.0
+    message = training.compute_bytes * _tokens(degrees, training) * model.hidden_size
+    per_layer = (6 if recompute else 4) * all_reduce_bytes(t, message)
+    logits = all_gather_bytes(t, training.compute_bytes * _tokens(degrees, training)
+                              * model.vocab_size)
+    return model.num_layers * per_layer + logits + all_reduce_bytes(t, message)
+
+
+def _expert_parallel(
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool
+) -> float:
+    ep = degrees.expert_parallel_degree
+    if ep == 1 or not model.is_moe:
+        return 0.0
+    routed = _tokens(degrees, training) * model.experts_per_token
+    message = training.compute_bytes * routed * model.hidden_size
+    return model.num_layers * (6 if recompute else 4) * all_to_all_bytes(ep, message)
+
+
+def _context_parallel(
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool
+) -> float:
+    cp = degrees.context_parallel_degree
+    if cp == 1:
+        return 0.0
+    kv_heads = model.num_key_value_heads / degrees.tensor_parallel_degree
+    local_kv = 2 * training.compute_bytes * _tokens(degrees, training) * kv_heads \
+        * model.attention_head_dim
+    per_layer = (3 if recompute else 2) * all_gather_bytes(cp, cp * local_kv)
+    return model.num_layers * per_layer
+
+
+def group_bandwidth(cluster: Cluster, size: int, stride: int) -> float:
+    """Bytes/s per GPU for a ring over `size` ranks `stride` apart.
+
+    Inside a host: the GPU's NVLink/PCIe bandwidth. Across hosts: the host's network shared by
+    the ``ranks_per_node / m`` groups that cross it, m = this group's ranks per host.
+    """
+    if size <= 1:
+        return math.inf
+    per_node = cluster.ranks_per_node
+    if size * stride <= per_node:
+        return cluster.intra_node_bytes_per_s or cluster.inter_node_bytes_per_s
+    members = max(1, per_node // stride) if stride < per_node else 1
+    network = cluster.inter_node_bytes_per_s * members / per_node
+    intra = cluster.intra_node_bytes_per_s
+    return min(intra, network) if intra else network
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A rough step time: compute overlapped with FSDP/DP traffic, TP/EP/CP exposed."""
+
+    compute_s: float
+    overlapped_comm_s: float
+    exposed_comm_s: float
+    tokens_per_step: int
+
+    @property
+    def step_s(self) -> float:
+        return max(self.compute_s, self.overlapped_comm_s) + self.exposed_comm_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s if self.step_s > 0 else 0.0
+
+
+def training_flops_per_gpu(
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, *, recompute_fraction: float
+) -> float:
+    """6 N_active FLOPs per token (+2 N for recomputed layers) plus attention's 12 L s h_attn.
+
+    N_active leaves out the input embedding and the experts a token does not visit.
+    """
+    n = model.num_params
+    groups = [] if model.declared_num_params else param_groups(model)
+    embedding = sum(g.numel * g.count for g in groups if g.unit == "embedding")
+    experts = sum(g.numel * g.count for g in groups if g.expert)
+    skipped = experts * (1 - model.experts_per_token / model.num_experts) if experts else 0
+    active = n - embedding - skipped
+    tokens = _tokens(degrees, training)
+    attention = 12 * model.num_layers * training.seq_len * model.num_attention_heads \
+        * model.attention_head_dim
+    per_token = (6 + 2 * recompute_fraction) * active + attention
+    return per_token * tokens / degrees.tensor_parallel_degree
+
+
+def step_time(
+    volumes: CommVolumes, flops: float, degrees: ResolvedDegrees, cluster: Cluster,
+    training: Training,
+) -> StepTime:
+    """Times from `volumes` and `flops` on `cluster`'s nominal speeds."""
+    t, s, ep, cp = (degrees.tensor_parallel_degree, degrees.hybrid_shard_degree,
+                    degrees.expert_parallel_degree, degrees.context_parallel_degree)
+    shard_bw = group_bandwidth(cluster, s, t)
+    overlapped = (volumes.fsdp_all_gather + volumes.fsdp_reduce_scatter) / shard_bw \
+        + volumes.data_parallel_all_reduce / group_bandwidth(cluster, degrees.replicate_degree,
+                                                             s * t)
+    exposed = (volumes.tensor_parallel / group_bandwidth(cluster, t, 1)
+               + volumes.expert_all_to_all / group_bandwidth(cluster, ep, t)
+               + volumes.context_parallel / group_bandwidth(cluster, cp, t))
+    compute = flops / (cluster.peak_flops * training.compute_efficiency) \
+        if cluster.peak_flops else 0.0
+    tokens = degrees.world_size // (t * cp) * training.micro_batch * training.seq_len
+    return StepTime(compute, overlapped, exposed, tokens)
+
+
+__all__ = [
+    "CommVolumes",
+    "StepTime",
+    "all_gather_bytes",
+    "all_reduce_bytes",
+    "all_to_all_bytes",
+    "communication_volumes",
+    "group_bandwidth",
+    "reduce_scatter_bytes",
+    "step_time",
+    "training_flops_per_gpu",
+]

@@ -1,0 +1,260 @@
+"""Candidate layouts for a cluster, their estimates, and a ranked recommendation.
+
+Every candidate is a set of SMP parameters that meshtrain's own `resolve_degrees` accepts for
+the cluster's world size, so the planner never recommends a layout the runtime would reject.
+Candidates: tensor parallelism within a host (dividing the attention and key/value heads);
+every hybrid_shard_degree dividing the data-parallel size, with FSDP's default strategy and
+with shard_grad_op; expert parallelism dividing the shard degree and the experts (MoE only,
+never with TP); activation checkpointing off, on, and on with offloading; sequence parallelism
+off and on with TP.
+
+Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
+and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,
+closest to fitting first.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
+from meshtrain.contract.distribution import SMPParameters
+from meshtrain.errors import ConfigError
+from meshtrain.plan.activations import ActivationEstimate, activation_bytes
+from meshtrain.plan.cluster import GIB, Cluster
+from meshtrain.plan.comm import (
+    CommVolumes,
+    StepTime,
+    communication_volumes,
+    step_time,
+    training_flops_per_gpu,
+)
+from meshtrain.plan.memory import (
+    MemoryEstimate,
+    Training,
+    model_state_bytes,
+    optimizer_step_bytes,
+    temporary_bytes,
+    zero_stage_bytes,
+)
+from meshtrain.plan.models import ModelSpec
+
+LAYOUT_KEYS = ("hybrid_shard_degree", "tensor_parallel_degree", "expert_parallel_degree",
+               "context_parallel_degree", "sharding_strategy", "sequence_parallel",
+               "activation_checkpointing", "activation_checkpointing_interval",
+               "activation_offloading", "activation_loading_horizon", "cpu_offload")
+
+
+@dataclass(frozen=True)
+class LayoutEstimate:
+    """One layout on one cluster: memory, communication, time, and whether it fits."""
+
+    parameters: SMPParameters
+    degrees: ResolvedDegrees
+    memory: MemoryEstimate
+    activations: ActivationEstimate
+    comm: CommVolumes
+    time: StepTime
+    capacity_bytes: int | None
+
+    @property
+    def fits(self) -> bool | None:
+        """Peak memory within the GPU minus the reserve (None: no GPU memory to compare)."""
+        if self.capacity_bytes is None:
+            return None
+        return self.memory.peak_bytes <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> float | None:
+        if self.capacity_bytes is None:
+            return None
+        return self.capacity_bytes - self.memory.peak_bytes
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The SMP parameters of this layout (only keys that differ from the defaults)."""
+        values = self.parameters.model_dump()
+        defaults = SMPParameters().model_dump()
+        return {key: values[key] for key in LAYOUT_KEYS
+                if values[key] != defaults[key] or key == "hybrid_shard_degree"}
+
+    def describe(self) -> str:
+        return ", ".join(f"{key}={value}" for key, value in self.layout.items())
+
+
+def estimate_layout(
+    model: ModelSpec, parameters: SMPParameters, cluster: Cluster, training: Training,
+) -> LayoutEstimate:
+    """Estimate one layout; raises ConfigError when the runtime would reject it."""
+    degrees = resolve_degrees(parameters, cluster.world_size, ranks_per_host=cluster.ranks_per_node,
+                              world_description=_world(cluster))
+    training = _with_precision(training, parameters)
+    acts = activation_bytes(
+        model, seq_len=training.seq_len, micro_batch=training.micro_batch,
+        precision=training.precision, tensor_parallel_degree=degrees.tensor_parallel_degree,
+        sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
+        context_parallel_degree=degrees.context_parallel_degree,
+        recompute="full" if parameters.activation_checkpointing else "none",
+        checkpoint_interval=parameters.activation_checkpointing_interval,
+        offload=parameters.activation_offloading,
+        loading_horizon=parameters.activation_loading_horizon,
+    )
+    memory = MemoryEstimate(
+        states=model_state_bytes(model, degrees, training, cpu_offload=parameters.cpu_offload),
+        activations=acts.total_bytes,
+        temporary=temporary_bytes(model, degrees, training, acts),
+        optimizer_step=0 if parameters.cpu_offload else optimizer_step_bytes(model, degrees,
+                                                                            training),
+        reserve=cluster.reserve_bytes,
+    )
+    recompute_fraction = acts.num_checkpointed / model.num_layers
+    volumes = communication_volumes(model, degrees, training, recompute=recompute_fraction > 0)
+    flops = training_flops_per_gpu(model, degrees, training, recompute_fraction=recompute_fraction)
+    return LayoutEstimate(parameters, degrees, memory, acts, volumes,
+                          step_time(volumes, flops, degrees, cluster, training),
+                          cluster.capacity_bytes)
+
+
+def _with_precision(training: Training, parameters: SMPParameters) -> Training:
+    """The distribution's mixed_precision, when set, is what the runtime will use."""
+    if parameters.mixed_precision is None or parameters.mixed_precision == training.precision:
+        return training
+    return Training(**{**training.__dict__, "precision": parameters.mixed_precision})
+
+
+def _world(cluster: Cluster) -> str:
+    return f"{cluster.num_nodes} hosts x {cluster.ranks_per_node} processes"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_parameters(model: ModelSpec, cluster: Cluster) -> Iterator[SMPParameters]:
+    """Every SMP parameter set the planner considers for `cluster` (see the module docstring)."""
+    world, per_node = cluster.world_size, cluster.ranks_per_node
+    tps = [t for t in _divisors(world) if t <= per_node and model.num_attention_heads % t == 0
+           and model.num_key_value_heads % t == 0]
+    recompute_options = ((False, False), (True, False), (True, True))
+    for tp in tps:
+        for shard in _divisors(world // tp):
+            strategies = [None] if shard == 1 else [None, "shard_grad_op"]
+            eps = _expert_degrees(model, shard) if tp == 1 else [1]
+            sps = [False, True] if tp > 1 else [False]
+            for strategy, ep, sp, (ac, off) in itertools.product(strategies, eps, sps,
+                                                                 recompute_options):
+                try:
+                    yield SMPParameters(
+                        hybrid_shard_degree=shard, tensor_parallel_degree=tp,
+                        expert_parallel_degree=ep, sharding_strategy=strategy,
+                        sequence_parallel=sp, activation_checkpointing=ac,
+                        activation_offloading=off,
+                    )
+                except ValidationError:
+                    continue  # a combination SMPParameters itself rejects
+
+
+def _expert_degrees(model: ModelSpec, shard: int) -> list[int]:
+    if not model.is_moe:
+        return [1]
+    return [ep for ep in _divisors(shard) if model.num_experts % ep == 0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Ranked layout estimates for one model, cluster and training setup."""
+
+    model: ModelSpec
+    cluster: Cluster
+    training: Training
+    candidates: list[LayoutEstimate]
+    model_state_bytes_per_gpu: dict[str, int]
+
+    @property
+    def best(self) -> LayoutEstimate | None:
+        """The top-ranked layout that fits (the first one when fit cannot be judged)."""
+        for candidate in self.candidates:
+            if candidate.fits is not False:
+                return candidate
+        return None
+
+
+def rank_key(estimate: LayoutEstimate) -> tuple:
+    """Fitting layouts by speed, then memory; layouts that do not fit by memory (closest first)."""
+    if estimate.fits is False:
+        return (True, estimate.memory.peak_bytes, -estimate.time.tokens_per_s)
+    return (False, -estimate.time.tokens_per_s, estimate.memory.peak_bytes)
+
+
+def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training) -> Plan:
+    """Estimate every candidate layout on `cluster` and rank them."""
+    estimates = []
+    for parameters in candidate_parameters(model, cluster):
+        try:
+            estimates.append(estimate_layout(model, parameters, cluster, training))
+        except ConfigError:
+            continue  # resolve_degrees rejects it for this world size
+    estimates.sort(key=rank_key)
+    return Plan(model, cluster, training, estimates,
+                zero_stage_bytes(model, cluster.world_size, training))
+
+
+_COUNT_LADDER = (*range(1, 17), 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512)
+
+
+def smallest_fitting_count(
+    model: ModelSpec, training: Training, build: Callable[[int], Cluster], *, above: int = 0,
+) -> tuple[int, Plan] | None:
+    """The fewest hosts (more than `above`, up to 512) on which some layout fits.
+
+    `build(count)` makes the cluster of `count` hosts. None when even 512 do not suffice.
+    """
+    for count in (c for c in _COUNT_LADDER if c > above):
+        plan = plan_layouts(model, build(count), training)
+        if plan.best is not None and plan.best.fits:
+            return count, plan
+    return None
+
+
+def reasoning(estimate: LayoutEstimate, plan: Plan) -> str:
+    """Why this layout ranks where it does, in one or two sentences."""
+    capacity = estimate.capacity_bytes
+    peak = estimate.memory.peak_bytes / GIB
+    if capacity is None:
+        fit = f"needs {peak:.1f} GiB per GPU (no GPU memory to compare with)"
+    elif estimate.fits:
+        fit = f"fits: {peak:.1f} of {capacity / GIB:.1f} GiB usable per GPU"
+    else:
+        fit = f"does not fit: {peak:.1f} GiB > {capacity / GIB:.1f} GiB usable per GPU"
+    parts = [fit, _biggest_part(estimate)]
+    time = estimate.time
+    overlapped = time.compute_s >= time.overlapped_comm_s
+    bound = "compute-bound" if overlapped else "bound by FSDP/DP traffic"
+    parts.append(f"~{time.tokens_per_s:,.0f} tokens/s ({bound}; exposed TP/EP/CP communication "
+                 f"{time.exposed_comm_s * 1e3:.0f} ms per step)")
+    return "; ".join(parts) + "."
+
+
+def _biggest_part(estimate: LayoutEstimate) -> str:
+    memory = estimate.memory
+    parts = {"model states": memory.states.total, "activations": memory.activations,
+             "temporary buffers": memory.temporary_bytes}
+    name = max(parts, key=parts.get)
+    return f"largest part: {name} {parts[name] / GIB:.1f} GiB"
+
+
+__all__ = [
+    "LayoutEstimate",
+    "Plan",
+    "candidate_parameters",
+    "estimate_layout",
+    "plan_layouts",
+    "rank_key",
+    "reasoning",
+    "smallest_fitting_count",
+]

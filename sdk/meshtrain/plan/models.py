@@ -1,0 +1,341 @@
+"""Model shapes the planner understands: presets, Hugging Face `config.json`, dimensions.
+
+A `ModelSpec` is what the memory, activation and communication formulas read. Families:
+
+- ``llama``: Llama / Mistral / Qwen2 layers (RMSNorm, SwiGLU MLP, rotary, grouped-query
+  attention, no dropout); ``mixtral`` is the same with a top-k mixture-of-experts MLP.
+- ``gpt_neox``: LayerNorm with bias, GELU MLP, fused QKV with bias, partial rotary, parallel
+  residual.
+- ``gpt``: the GPT layer of Korthikanti et al. 2022 (LayerNorm, 4h GELU MLP, dropout, no
+  fused attention kernel), kept as the reference the paper's formulas are stated for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from meshtrain.contract._messages import did_you_mean
+from meshtrain.errors import ConfigError
+
+Family = Literal["llama", "mixtral", "gpt_neox", "gpt"]
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer's shape, as the planner needs it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    family: Family = "llama"
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    rotary_fraction: float = 1.0
+    max_position_embeddings: int = 4096
+    attention: Literal["sdpa", "eager"] = "sdpa"
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    declared_num_params: int | None = None
+    """Set when only the parameter count is known: the shape above is synthesized."""
+    source: str = "dimensions"
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        for key in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads",
+                    "intermediate_size", "vocab_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
+                f"{self.num_attention_heads}; give head_dim explicitly"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if (self.family == "mixtral") != (self.num_experts > 0):
+            raise ValueError("family 'mixtral' needs num_experts > 0, and only it has experts")
+        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} must be in 1..{self.num_experts}"
+            )
+        return self
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.attention_head_dim * self.rotary_fraction)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters (the declared count when the shape is synthesized)."""
+        if self.declared_num_params is not None:
+            return self.declared_num_params
+        return sum(group.numel * group.count for group in param_groups(self))
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """`count` parameter tensors of one `shape`.
+
+    `tp_dim` is the dim tensor parallelism splits (None: replicated over the TP group);
+    `expert` tensors have the experts in dim 0, which expert parallelism splits.
+    `unit` names the FSDP unit ("layer", "embedding", "head", "root").
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    count: int = 1
+    tp_dim: int | None = None
+    expert: bool = False
+    unit: str = "layer"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def param_groups(model: ModelSpec) -> list[ParamGroup]:
+    """Every parameter tensor of `model`, grouped by shape, with its TP/EP placement.
+
+    TP placement follows the model's Hugging Face tensor-parallel plan (``base_model_tp_plan``):
+    projections into heads / the MLP are column-wise (dim 0), projections out row-wise (dim 1);
+    norms and the input embedding are replicated; the output head is column-wise. With only a
+    parameter count the whole model is one TP-splittable group (norms are < 0.1 %).
+    """
+    if model.declared_num_params is not None:
+        return [ParamGroup("params", (model.declared_num_params,), tp_dim=0)]
+    builders = {"llama": _llama_groups, "mixtral": _llama_groups,
+                "gpt_neox": _neox_groups, "gpt": _gpt_groups}
+    return builders[model.family](model)
+
+
+def _linear(name: str, out: int, inp: int, tp: str | None, bias: bool, n: int) -> list[ParamGroup]:
+    """A Linear's weight (out, in) and bias: colwise splits dim 0 and the bias, rowwise dim 1."""
+    weight = ParamGroup(name, (out, inp), n, {"col": 0, "row": 1, None: None}[tp])
+    if not bias:
+        return [weight]
+    return [weight, ParamGroup(f"{name}.bias", (out,), n, 0 if tp == "col" else None)]
+
+
+def _embeddings(model: ModelSpec, norm_params: int) -> list[ParamGroup]:
+    h, v = model.hidden_size, model.vocab_size
+    groups = [ParamGroup("embed_tokens", (v, h), unit="embedding")]
+    groups += [ParamGroup("final_norm", (h,), norm_params, unit="root")]
+    if not model.tie_word_embeddings:
+        groups.append(ParamGroup("lm_head", (v, h), tp_dim=0, unit="head"))
+    return groups
+
+
+def _llama_groups(model: ModelSpec) -> list[ParamGroup]:
+    h, n, d = model.hidden_size, model.num_layers, model.attention_head_dim
+    q, kv, i = model.num_attention_heads * d, model.num_key_value_heads * d, model.intermediate_size
+    groups = _linear("q_proj", q, h, "col", model.qkv_bias, n)
+    groups += _linear("k_proj", kv, h, "col", model.qkv_bias, n)
+    groups += _linear("v_proj", kv, h, "col", model.qkv_bias, n)
+    groups += _linear("o_proj", h, q, "row", model.o_bias, n)
+    groups.append(ParamGroup("norms", (h,), 2 * n))
+    if model.is_moe:
+        e = model.num_experts
+        groups.append(ParamGroup("router", (e, h), n))
+        groups.append(ParamGroup("experts.gate_up_proj", (e, 2 * i, h), n, 1, expert=True))
+        groups.append(ParamGroup("experts.down_proj", (e, h, i), n, 2, expert=True))
+    else:
+        groups += _linear("gate_proj", i, h, "col", model.mlp_bias, n)
+        groups += _linear("up_proj", i, h, "col", model.mlp_bias, n)
+        groups += _linear("down_proj", h, i, "row", model.mlp_bias, n)
+    return groups + _embeddings(model, 1)
+
+
+def _neox_groups(model: ModelSpec) -> list[ParamGroup]:
+    h, n, i = model.hidden_size, model.num_layers, model.intermediate_size
+    groups = _linear("query_key_value", 3 * h, h, "col", True, n)
+    groups += _linear("dense", h, h, "row", True, n)
+    groups += _linear("dense_h_to_4h", i, h, "col", True, n)
+    groups += _linear("dense_4h_to_h", h, i, "row", True, n)
+    groups.append(ParamGroup("layernorms", (h,), 4 * n))
+    return groups + _embeddings(model, 2)
+
+
+def _gpt_groups(model: ModelSpec) -> list[ParamGroup]:
+    h, n, i = model.hidden_size, model.num_layers, model.intermediate_size
+    groups = _linear("qkv", 3 * h, h, "col", True, n)
+    groups += _linear("proj", h, h, "row", True, n)
+    groups += _linear("fc1", i, h, "col", True, n)
+    groups += _linear("fc2", h, i, "row", True, n)
+    groups.append(ParamGroup("layernorms", (h,), 4 * n))
+    groups.append(ParamGroup("position_embeddings", (model.max_position_embeddings, h),
+                             unit="embedding"))
+    # Megatron's GPT: vocabulary-parallel input embedding, tied with the output layer.
+    groups.append(ParamGroup("embed_tokens", (model.vocab_size, h), tp_dim=0, unit="embedding"))
+    groups.append(ParamGroup("final_norm", (h,), 2, unit="root"))
+    return groups
+
+
+def _llama(name: str, h: int, n: int, a: int, kv: int, i: int, v: int, **kw: Any) -> ModelSpec:
+    return ModelSpec(name=name, hidden_size=h, num_layers=n, num_attention_heads=a,
+                     num_key_value_heads=kv, intermediate_size=i, vocab_size=v, source="preset",
+                     **kw)
+
+
+# Shapes from each model's published Hugging Face config.json.
+PRESETS: dict[str, ModelSpec] = {
+    "llama2-7b": _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000),
+    "llama2-13b": _llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000),
+    "llama2-70b": _llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000),
+    "llama3-8b": _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256),
+    "llama3-70b": _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256),
+    "mistral-7b": _llama("mistral-7b", 4096, 32, 32, 8, 14336, 32000),
+    "mixtral-8x7b": _llama("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, family="mixtral",
+                           num_experts=8, experts_per_token=2),
+    "gpt-neox-20b": _llama("gpt-neox-20b", 6144, 44, 64, 64, 24576, 50432, family="gpt_neox",
+                           rotary_fraction=0.25, max_position_embeddings=2048),
+}
+
+
+def llama_shaped(num_params: float, *, vocab_size: int = 32000) -> ModelSpec:
+    """A Llama-shaped model of about `num_params` parameters (for `--num-params` alone).
+
+    Llama 2's aspect ratio: head dim 128 and about one layer per 128 of hidden size;
+    12 h^2 parameters per layer (4 h^2 attention, 3 h x 8h/3 SwiGLU) plus 2 V h embeddings.
+    The planner keeps the given count for model states; the shape only sizes activations.
+    """
+    n = int(num_params)
+    if n < 1_000_000:
+        raise ConfigError(f"--num-params {num_params:g} is too small to plan (< 1e6).")
+    low, high = 1.0, 1e6  # solve 12 h^3 / 128 + 2 V h = n for h by bisection
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if 12 * mid**3 / 128 + 2 * vocab_size * mid < n else (low, mid)
+    hidden = max(128, round(low / 128) * 128)
+    layers = max(1, round((n - 2 * vocab_size * hidden) / (12 * hidden**2)))
+    intermediate = max(256, round(8 * hidden / 3 / 256) * 256)
+    heads = hidden // 128
+    return ModelSpec(name=f"{n / 1e9:.3g}B parameters (Llama-shaped)", hidden_size=hidden,
+                     num_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                     intermediate_size=intermediate, vocab_size=vocab_size,
+                     declared_num_params=n, source="num_params")
+
+
+def from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config dict (what `config.json` holds)."""
+    model_type = str(config.get("model_type", ""))
+    try:
+        fields = _hf_fields(config, model_type)
+        return ModelSpec(name=name or config.get("_name_or_path") or model_type or "hf-model",
+                         source="config.json", **fields)
+    except KeyError as error:
+        raise ConfigError(
+            f"config.json of model_type {model_type!r} lacks {error.args[0]!r}; the planner "
+            "needs hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and "
+            "vocab_size."
+        ) from None
+    except ValidationError as error:
+        raise ConfigError(f"config.json does not describe a model the planner can size: "
+                          f"{error.errors()[0]['msg']}") from None
+
+
+def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    heads = int(config["num_attention_heads"])
+    fields: dict[str, Any] = {
+        "hidden_size": int(config["hidden_size"]),
+        "num_layers": int(config["num_hidden_layers"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(config.get("num_key_value_heads") or heads),
+        "intermediate_size": int(config["intermediate_size"]),
+        "vocab_size": int(config["vocab_size"]),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "max_position_embeddings": int(config.get("max_position_embeddings", 4096)),
+        "head_dim": config.get("head_dim"),
+    }
+    if model_type in ("llama", "mistral", "mixtral", "qwen2"):
+        bias = bool(config.get("attention_bias", False))
+        fields.update(qkv_bias=bias or model_type == "qwen2", o_bias=bias,
+                      mlp_bias=bool(config.get("mlp_bias", False)),
+                      attention_dropout=float(config.get("attention_dropout", 0.0)))
+        if model_type == "mixtral":
+            fields.update(family="mixtral", num_experts=int(config["num_local_experts"]),
+                          experts_per_token=int(config["num_experts_per_tok"]))
+        return fields
+    if model_type == "gpt_neox":
+        fields.update(family="gpt_neox", rotary_fraction=float(config.get("rotary_pct", 1.0)),
+                      attention_dropout=float(config.get("attention_dropout", 0.0)),
+                      hidden_dropout=float(config.get("hidden_dropout", 0.0)),
+                      tie_word_embeddings=False)
+        return fields
+    raise ConfigError(
+        f"model_type {model_type!r} is not one the planner knows (llama, mistral, qwen2, "
+        "mixtral, gpt_neox). Give its dimensions instead (--hidden-size, --num-layers, ...)."
+    )
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    """A ModelSpec from a `config.json` file, or a directory holding one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{str(path)!r} does not exist: give a preset name "
+                          f"({', '.join(PRESETS)}) or a config.json path.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"Cannot parse {str(path)!r} as JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{str(path)!r} must hold a JSON object (a Hugging Face config).")
+    return from_hf_config(config, name=path.parent.name or path.name)
+
+
+def resolve_model(model: str | Path | Mapping[str, Any] | ModelSpec) -> ModelSpec:
+    """A preset name, a config.json path, a HF config dict or a ModelSpec -> ModelSpec."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, Mapping):
+        return from_hf_config(model)
+    key = str(model).lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    if Path(model).exists():
+        return load_hf_config(model)
+    raise ConfigError(
+        f"Unknown model {str(model)!r}.{did_you_mean(key, PRESETS)} Presets: "
+        f"{', '.join(PRESETS)}; or give a config.json path, dimensions, or --num-params."
+    )
+
+
+__all__ = [
+    "PRESETS",
+    "ModelSpec",
+    "ParamGroup",
+    "from_hf_config",
+    "llama_shaped",
+    "load_hf_config",
+    "param_groups",
+    "resolve_model",
+]
