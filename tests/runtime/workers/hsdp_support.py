@@ -59,7 +59,7 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """A custom (non-HF) language model: embedding, ModuleList of blocks, norm, head."""
 
-    def __init__(self, vocab: int = VOCAB, width: int = 50, depth: int = 3) -> None:
+    def __init__(self, vocab: int = VOCAB, width: int = 51, depth: int = 3) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.layers = nn.ModuleList(Block(width) for _ in range(depth))
