@@ -192,7 +192,7 @@ class ActivationOffloader:
             assert group.device is not None  # _set_window loaded it
             tensor = group.device[index]
             event = group.event
-        if event is not None:
+        if event is not None and group.targets[index] is not None:
             current = torch.cuda.current_stream(tensor.device)
             current.wait_event(event)
             tensor.record_stream(current)  # allocated on the side stream, used on this one
