@@ -1,0 +1,204 @@
+"""Amazon SageMaker backend: `ml.*` instance types, on boto3.
+
+Credentials and region come from boto3's standard chain (environment, ~/.aws, instance role),
+or from the `boto_session` argument; endpoints follow boto3's own settings (e.g.
+``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_SAGEMAKER``). `submit()` does what the SageMaker
+Python SDK v2 does for the same estimator arguments: local checks first (no request before
+they pass), then the default bucket (``sagemaker-<region>-<account>``, created if missing, with
+the expected-owner check), the deterministic ``sourcedir.tar.gz`` upload to
+``s3://<bucket>/<job>/source/sourcedir.tar.gz``, and CreateTrainingJob.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from meshtrain.backends.sagemaker_checks import ROLE_ARN, check_training_job, parse_s3_uri
+from meshtrain.backends.sagemaker_job import SageMakerTrainingJob
+from meshtrain.backends.sagemaker_options import SageMakerOptions, build_options
+from meshtrain.backends.sagemaker_request import (
+    RequestContext,
+    build_training_request,
+    code_uri_for,
+    default_output_path,
+)
+from meshtrain.backends.sagemaker_spec import spec_from_description
+from meshtrain.contract.archive import write_sourcedir_tarball
+from meshtrain.contract.jobspec import JobSpec
+from meshtrain.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+IMAGE_REPOSITORY = "meshtrain"
+LOGS_CLIENT_CONFIG = Config(retries={"max_attempts": 15, "mode": "standard"})  # as the SDK
+
+
+def _error_code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def default_image_uri(account: str, region: str) -> str:
+    """meshtrain's image (containers/Dockerfile) pushed to the account's ECR, tagged with the
+    installed meshtrain version: ``<account>.dkr.ecr.<region>.amazonaws.com/meshtrain:<v>``."""
+    from meshtrain import __version__
+
+    domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"{account}.dkr.ecr.{region}.{domain}/{IMAGE_REPOSITORY}:{__version__}"
+
+
+class SageMakerBackend:
+    """Runs JobSpecs as SageMaker training jobs. Creating it makes no AWS request."""
+
+    name = "sagemaker"
+
+    def __init__(self, **options: Any) -> None:
+        self.options: SageMakerOptions = build_options(**options)
+        self._session = self.options.boto_session
+        self._clients: dict[str, Any] = {}
+        self._account: str | None = None
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            self._session = boto3.Session()
+        return self._session
+
+    @property
+    def region(self) -> str | None:
+        return self.session.region_name
+
+    def client(self, service: str) -> Any:
+        """A boto3 client of the session (endpoints from boto3's own configuration)."""
+        if service not in self._clients:
+            config = LOGS_CLIENT_CONFIG if service == "logs" else None
+            self._clients[service] = self.session.client(service, config=config)
+        return self._clients[service]
+
+    def account_id(self) -> str:
+        if self._account is None:
+            self._account = self.client("sts").get_caller_identity()["Account"]
+        return self._account
+
+    # --- the Backend protocol -------------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        """Everything SageMaker would reject, checked locally: raises ConfigError, no AWS call."""
+        check_training_job(spec, self.options, self.region)
+
+    def submit(self, spec: JobSpec) -> SageMakerTrainingJob:
+        """Validate, stage the code in S3 and call CreateTrainingJob; return the job's handle."""
+        self.validate(spec)
+        spec = spec.model_copy(update={"region": self.region})
+        context = self.resolve_context(spec)
+        if not spec.source_dir.startswith("s3://"):
+            self.upload_source(spec, context)
+        request = build_training_request(spec, self.options, context)
+        logger.info("Creating training job %s", spec.job_name)
+        self.client("sagemaker").create_training_job(**request)
+        return self.handle(spec.job_name)
+
+    def attach(self, job_name: str) -> SageMakerTrainingJob:
+        """The handle of an existing training job (ConfigError if there is none)."""
+        self._describe(job_name)
+        return self.handle(job_name)
+
+    def load_spec(self, job_name: str) -> JobSpec:
+        """The JobSpec of an existing job, rebuilt from DescribeTrainingJob."""
+        return spec_from_description(self._describe(job_name), self.region)
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def handle(self, job_name: str) -> SageMakerTrainingJob:
+        return SageMakerTrainingJob(
+            job_name, self.client("sagemaker"), self.client("logs"),
+            poll_seconds=self.options.poll_seconds,
+            describe_seconds=self.options.describe_seconds)
+
+    def _describe(self, job_name: str) -> dict[str, Any]:
+        try:
+            description = self.client("sagemaker").describe_training_job(
+                TrainingJobName=job_name)
+        except ClientError as error:
+            if _error_code(error) in ("ValidationException", "ResourceNotFound"):
+                raise ConfigError(f"no SageMaker training job named {job_name!r} in "
+                                  f"{self.region}: {error}") from None
+            raise
+        description.pop("ResponseMetadata", None)
+        return description
+
+    def resolve_context(self, spec: JobSpec) -> RequestContext:
+        """Role ARN, image, output path and code location, asking AWS only what it must."""
+        region = str(spec.region)
+        # Without output_path, output and code go to the default bucket (SDK); otherwise to
+        # output_path's bucket or code_location, and the default bucket is never touched.
+        bucket = self.ensure_default_bucket() if spec.output_path is None else ""
+        output_path = spec.output_path or default_output_path(bucket)
+        image = spec.image_uri or default_image_uri(self.account_id(), region)
+        return RequestContext(region=region, role_arn=self.expand_role(str(spec.role)),
+                              image_uri=image, output_path=output_path,
+                              code_uri=code_uri_for(spec, self.options, bucket))
+
+    def expand_role(self, role: str) -> str:
+        """A role ARN as is; a role name through IAM GetRole (as the SDK's expand_role)."""
+        if ROLE_ARN.match(role):
+            return role
+        try:
+            return self.client("iam").get_role(RoleName=role)["Role"]["Arn"]
+        except ClientError as error:
+            raise ConfigError(f"role={role!r}: IAM has no such role ({error}). Pass the role's "
+                              "ARN.") from None
+
+    def ensure_default_bucket(self) -> str:
+        """The default bucket, created if missing; ``sagemaker-<region>-<account>`` must be
+        owned by this account (ExpectedBucketOwner), so that nobody else's bucket of that name
+        receives the code and the model."""
+        derived = self.options.default_bucket is None
+        bucket = self.options.default_bucket or f"sagemaker-{self.region}-{self.account_id()}"
+        owner = {"ExpectedBucketOwner": self.account_id()} if derived else {}
+        s3 = self.client("s3")
+        try:
+            s3.head_bucket(Bucket=bucket, **owner)
+            return bucket
+        except ClientError as error:
+            code = _error_code(error)
+            if code in ("403", "AccessDenied", "Forbidden"):
+                raise ConfigError(
+                    f"S3 bucket {bucket!r} exists but the expected-owner check for account "
+                    f"{self.account_id()} failed (another account owns it, or this role may "
+                    "not list it). Pass output_path='s3://<your bucket>/...' or "
+                    "default_bucket=...") from None
+            if code not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+        location = {} if self.region == "us-east-1" else {
+            "CreateBucketConfiguration": {"LocationConstraint": self.region}}
+        try:
+            s3.create_bucket(Bucket=bucket, **location)
+            logger.info("Created S3 bucket %s", bucket)
+        except ClientError as error:  # created meanwhile by another client of this account
+            if _error_code(error) != "BucketAlreadyOwnedByYou":
+                raise
+        return bucket
+
+    def upload_source(self, spec: JobSpec, context: RequestContext) -> list[str]:
+        """Pack source_dir (or the lone entry script) and dependencies; put it at code_uri."""
+        bucket, key = parse_s3_uri(context.code_uri, "code location")
+        extra: dict[str, Any] = {"ServerSideEncryption": "aws:kms"}  # SDK default at rest
+        output_bucket = parse_s3_uri(context.output_path, "output_path")[0]
+        if self.options.output_kms_key and bucket == output_bucket:
+            extra["SSEKMSKeyId"] = self.options.output_kms_key
+        if self.options.default_bucket is None and bucket == f"sagemaker-{self.region}-" \
+                f"{self._account}":
+            extra["ExpectedBucketOwner"] = self._account
+        with tempfile.TemporaryDirectory(prefix="meshtrain-source-") as scratch:
+            tarball = Path(scratch) / "sourcedir.tar.gz"
+            members = write_sourcedir_tarball(Path(spec.source_dir), tarball,
+                                              [Path(d) for d in spec.dependencies])
+            self.client("s3").put_object(Bucket=bucket, Key=key, Body=tarball.read_bytes(),
+                                         **extra)
+        return members

@@ -1,0 +1,88 @@
+"""A JobSpec rebuilt from DescribeTrainingJob, for `Estimator.attach(job_name)`.
+
+The inverse of the request builder, as the SDK's ``_prepare_init_params_from_job_description``
+does it: the source is the uploaded ``sourcedir.tar.gz`` in S3 (``source_dir`` becomes that S3
+URI, ``entry_point`` the ``sagemaker_program``), the distribution is read back from the
+hyperparameters meshtrain added for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshtrain.backends.sagemaker_request import CODE_CHANNEL, NETWORK_ISOLATION_SUBMIT_DIRECTORY
+from meshtrain.contract.hyperparameters import decode_hyperparameters, split_hyperparameters
+from meshtrain.contract.jobspec import DEFAULT_CONTAINER_LOG_LEVEL, JobSpec
+
+
+def distribution_from_hyperparameters(framework: dict[str, Any],
+                                      user: dict[str, Any]) -> dict[str, Any] | None:
+    """The `distribution` dict whose hyperparameters these are (JobSpec's encoding reversed)."""
+    if not framework.get("sagemaker_torch_distributed_enabled"):
+        return None
+    torch_distributed: dict[str, Any] = {"enabled": True}
+    processes = framework.get("sagemaker_mpi_num_of_processes_per_host")
+    if processes:
+        torch_distributed["processes_per_host"] = int(processes)
+    distribution: dict[str, Any] = {"torch_distributed": torch_distributed}
+    if isinstance(user.get("mp_parameters"), dict):
+        distribution["smdistributed"] = {"modelparallel": {
+            "enabled": True, "parameters": user["mp_parameters"]}}
+    return distribution
+
+
+def _channels(description: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], str | None]:
+    """(channel -> S3 URI, channel -> content type, the code channel's URI if any)."""
+    inputs, content_types, code_uri = {}, {}, None
+    for channel in description.get("InputDataConfig") or []:
+        uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+        if channel["ChannelName"] == CODE_CHANNEL and description.get("EnableNetworkIsolation"):
+            code_uri = uri
+            continue
+        inputs[channel["ChannelName"]] = uri
+        if channel.get("ContentType"):
+            content_types[channel["ChannelName"]] = channel["ContentType"]
+    return inputs, content_types, code_uri
+
+
+def spec_from_description(description: dict[str, Any], region: str | None) -> JobSpec:
+    """The JobSpec a SageMaker job was (or could have been) started from."""
+    decoded = decode_hyperparameters(description.get("HyperParameters") or {})
+    reserved, framework, user = split_hyperparameters(decoded)
+    inputs, content_types, code_uri = _channels(description)
+    source = str(reserved.get("sagemaker_submit_directory", ""))
+    if source == NETWORK_ISOLATION_SUBMIT_DIRECTORY and code_uri:
+        source = code_uri
+    distribution = distribution_from_hyperparameters(framework, user)
+    if distribution and "smdistributed" in distribution:
+        user.pop("mp_parameters")  # it came from the distribution, not from the user
+    algorithm = description.get("AlgorithmSpecification", {})
+    resources = description.get("ResourceConfig", {})
+    stopping = description.get("StoppingCondition", {})
+    checkpoint = description.get("CheckpointConfig") or {}
+    return JobSpec(
+        job_name=description["TrainingJobName"],
+        entry_point=str(reserved.get("sagemaker_program", "")),
+        source_dir=source,
+        hyperparameters=user,
+        distribution=distribution,
+        instance_type=resources.get("InstanceType", ""),
+        instance_count=resources.get("InstanceCount", 1),
+        volume_size=resources.get("VolumeSizeInGB", 30),
+        inputs=inputs,
+        input_content_types=content_types,
+        output_path=description.get("OutputDataConfig", {}).get("S3OutputPath"),
+        checkpoint_s3_uri=checkpoint.get("S3Uri"),
+        checkpoint_local_path=checkpoint.get("LocalPath"),
+        environment=dict(description.get("Environment") or {}),
+        max_run=stopping.get("MaxRuntimeInSeconds", 24 * 60 * 60),
+        max_wait=stopping.get("MaxWaitTimeInSeconds"),
+        use_spot_instances=bool(description.get("EnableManagedSpotTraining", False)),
+        input_mode=algorithm.get("TrainingInputMode", "File"),
+        image_uri=algorithm.get("TrainingImage"),
+        role=description.get("RoleArn"),
+        metric_definitions=[dict(m) for m in algorithm.get("MetricDefinitions") or []],
+        container_log_level=int(reserved.get("sagemaker_container_log_level",
+                                             DEFAULT_CONTAINER_LOG_LEVEL)),
+        region=region,
+    )
