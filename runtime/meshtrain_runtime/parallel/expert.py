@@ -86,6 +86,8 @@ class ExpertParallelExperts(nn.Module):
         start = self.first_expert
         # clone(): a view would keep the whole tensor (all experts) alive.
         local = full.detach()[start : start + self.num_local_experts].clone()
+        if not local.is_meta and local.device.type != self.ep_mesh.device_type:
+            local = local.to(self.ep_mesh.device_type)  # as distribute_tensor does
         dtensor = DTensor.from_local(local, self.ep_mesh, [Shard(0)], run_check=False)
         return nn.Parameter(dtensor, requires_grad=full.requires_grad)
 
@@ -249,6 +251,18 @@ def _check_divisible(name: str, num_experts: int, ep_degree: int) -> None:
         )
 
 
+def _replace_experts(
+    model: nn.Module, targets: list[tuple[str, nn.Module]], dispatch_mesh: DeviceMesh
+) -> None:
+    for name, experts in targets:
+        parent_name, _, attr = name.rpartition(".")
+        replacement = ExpertParallelExperts(
+            experts.gate_up_proj, experts.down_proj, experts.act_fn, dispatch_mesh
+        )
+        # The old module (all experts) is dropped here: only this rank's slice stays alive.
+        setattr(model.get_submodule(parent_name), attr, replacement)
+
+
 def apply_expert_parallel(
     model: nn.Module, ep_mesh: DeviceMesh, *, moe_config: MoEConfig | None = None
 ) -> nn.Module:
@@ -292,13 +306,7 @@ def apply_expert_parallel(
         )
     for name, experts in targets:
         _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)
-    for name, experts in targets:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        replacement = ExpertParallelExperts(
-            experts.gate_up_proj, experts.down_proj, experts.act_fn, dispatch_mesh
-        )
-        setattr(parent, attr, replacement)
+    _replace_experts(model, targets, dispatch_mesh)
     for layer in (m for m in model.modules() if isinstance(m, MoE)):
         layer.aux_loss_group = loss_group
         if moe_config is not None:
