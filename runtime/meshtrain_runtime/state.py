@@ -123,6 +123,7 @@ class RuntimeState:
 
 
 _current: RuntimeState | None = None
+_created_process_group = False  # init() started torch.distributed (kept across reset())
 
 # Fields that `__getattr__` forwards to the current RuntimeState.
 _STATE_FIELDS = frozenset(
@@ -156,11 +157,12 @@ def reset(*, destroy_process_group: bool = False) -> None:
 
     The process group is kept unless `destroy_process_group` is True and `init()` created it.
     """
-    global _current
-    previous, _current = _current, None
-    owned = previous is not None and previous.owns_process_group
-    if destroy_process_group and owned and dist.is_initialized():
-        dist.destroy_process_group()
+    global _current, _created_process_group
+    _current = None
+    if destroy_process_group and _created_process_group:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _created_process_group = False
 
 
 def init(config: ConfigSource = None) -> RuntimeState:
@@ -172,7 +174,7 @@ def init(config: ConfigSource = None) -> RuntimeState:
     Works under torchrun and as a single plain process (world size 1). Calling `init` again
     with the same parameters returns the current state; with different ones, call `reset()` first.
     """
-    global _current
+    global _current, _created_process_group
     params = load_parameters(config)
     if _current is not None:
         if _current.config == params:
@@ -183,8 +185,8 @@ def init(config: ConfigSource = None) -> RuntimeState:
             "meshtrain_runtime.reset() before initialising again."
         )
     device = _select_device()
-    owns_process_group = _ensure_process_group(device)
-    _current = build_state(params, device=device, owns_process_group=owns_process_group)
+    _created_process_group = _ensure_process_group(device) or _created_process_group
+    _current = build_state(params, device=device, owns_process_group=_created_process_group)
     return _current
 
 

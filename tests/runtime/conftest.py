@@ -1,5 +1,9 @@
 """Shared helpers for runtime tests: launch a torchrun worker and collect its JSON results.
 
+Also `single_process_runtime`: a world of one process in the pytest process itself (no torchrun),
+for unit tests of init()/state/transform; it clears the launcher's environment variables and
+resets the runtime (destroying the process group it created) afterwards.
+
 Usage (a test):
 
     def test_something(torchrun):
@@ -18,7 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +85,22 @@ def _read_records(directory: Path, nproc: int) -> list[dict[str, Any]]:
 def torchrun() -> Callable[..., list[dict[str, Any]]]:
     """The `run_torchrun` helper as a fixture (session scope, so module fixtures can use it)."""
     return run_torchrun
+
+
+_LAUNCH_VARIABLES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "GROUP_RANK", "TORCHELASTIC_RUN_ID", "SM_HP_MP_PARAMETERS", "SM_HOST_COUNT",
+)
+
+
+@pytest.fixture
+def single_process_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The `meshtrain_runtime.state` module, uninitialised, in a clean single-process env."""
+    from meshtrain_runtime import state
+
+    for name in _LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    state.reset(destroy_process_group=True)
+    yield state
+    state.reset(destroy_process_group=True)
