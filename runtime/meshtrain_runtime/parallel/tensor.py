@@ -131,13 +131,13 @@ def check_attention_heads(model: nn.Module, resolved: ResolvedPlan, tp_degree: i
         return
     name, heads = next(iter(bad.items()))
     common = math.gcd(*counts.values())
-    valid = [d for d in range(1, common + 1) if common % d == 0]
+    valid = [str(d) for d in range(1, common + 1) if common % d == 0]
+    choices = ", ".join(valid[:-1]) + " or " + valid[-1] if len(valid) > 1 else "1 (no TP)"
     listing = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in counts.items())
     raise ConfigError(
         f"tensor_parallel_degree={tp_degree} does not divide {name}={heads}: {heads} / "
         f"{tp_degree} = {heads / tp_degree:g} heads per tp rank, but each rank must hold whole "
-        f"attention heads ({listing}). Use tensor_parallel_degree "
-        f"{', '.join(str(d) for d in valid)}."
+        f"attention heads ({listing}). Use tensor_parallel_degree {choices}."
     )
 
 
@@ -197,10 +197,13 @@ def check_sequence_parallel(model: nn.Module, resolved: ResolvedPlan) -> None:
 
 
 def _kept_note(name: str, resolved: ResolvedPlan) -> str:
-    if any(is_inside(name, kept) for kept in resolved.kept_replicated):
-        return f" ({resolved.source} marks it for transformers' own MoE kernels, which " \
-               "meshtrain keeps whole on every tp rank)"
-    return ""
+    if not resolved.kept_replicated:
+        return ""
+    return (
+        f" (the MoE experts such as {resolved.kept_replicated[0]} use styles of transformers' "
+        "own MoE kernels, so meshtrain keeps each MoE block whole on every tp rank; that works "
+        "only on the whole, unsplit sequence)"
+    )
 
 
 # --- tied embeddings ------------------------------------------------------------------------

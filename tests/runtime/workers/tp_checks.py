@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-import tp_models as models
 import torch
 import torch.distributed as dist
+import tp_models as models
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshtrain.errors import ConfigError

@@ -1,22 +1,23 @@
 """Worker: tensor parallelism (alone, or under FSDP2) vs the single-process run.
 
-Usage (under torchrun + meshtrain_runtime.rank_entry):
-    tp_parity.py OUT.json CASE [CASE ...] [--checks]
+Usage (through tests/runtime/conftest.py's run_torchrun):
+    tp_parity.py CASE [CASE ...] [--checks]
 CASE is ``model/RxSxT[/sp][/lp]``: model llama|llama_tied|neox|mixtral|custom, mesh
 (replicate, shard, tp) whose product is the world size, sp = sequence parallel, lp = loss
-parallel. ``--checks`` also runs tp_checks (2 ranks). Rank 0 writes the results as JSON.
+parallel. ``--checks`` also runs tp_checks (2 ranks). Rank 0 reports one record per case
+(``{"case": ...}``) and one ``{"checks": ...}``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
 
-import tp_models as models
 import torch
 import torch.distributed as dist
+import tp_models as models
+from report import report
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -50,7 +51,7 @@ def tp_placements(model: torch.nn.Module) -> dict[str, str]:
             continue
         names = param.device_mesh.mesh_dim_names or ()
         axis = names.index("tp") if "tp" in names else 0
-        out[name] = str(param.placements[axis])
+        out[name] = repr(param.placements[axis])
     return out
 
 
@@ -89,24 +90,25 @@ def run_case(case: str) -> dict:
 
 
 def main() -> None:
-    out_path, *cases = sys.argv[1:]
+    cases = sys.argv[1:]
     checks = "--checks" in cases
     cases = [case for case in cases if case != "--checks"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo")
-    results: dict = {"world_size": dist.get_world_size(), "cases": {}}
+    leader = dist.get_rank() == 0
     for case in cases:
         try:
-            results["cases"][case] = run_case(case)
+            result = run_case(case)
         except Exception as error:  # record and go on: one failing layout must not hide others
-            results["cases"][case] = {"error": "".join(traceback.format_exception(error))}
+            result = {"error": "".join(traceback.format_exception(error))}
+        if leader:
+            report({"case": case, **result})
     if checks:
         import tp_checks
 
-        results["checks"] = tp_checks.run_all(mesh_for((1, 1, dist.get_world_size()))["tp"])
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as handle:
-            json.dump(results, handle, indent=1)
+        result = tp_checks.run_all(mesh_for((1, 1, dist.get_world_size()))["tp"])
+        if leader:
+            report({"checks": result})
 
 
 if __name__ == "__main__":
