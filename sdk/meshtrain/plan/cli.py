@@ -136,8 +136,8 @@ def run_plan(args: argparse.Namespace) -> int:
         bigger = smallest_fitting_count(plan.model, plan.training, build,
                                         above=plan.cluster.num_nodes)
     if args.json:
-        data = plan_to_dict(plan, top=top)
-        data["smallest_fitting_node_count"] = None if bigger is None else bigger[0]
+        data = plan_to_dict(plan, top=top,
+                            smallest_fitting_node_count=None if bigger is None else bigger[0])
         print(json.dumps(data, indent=2))
     else:
         console = Console()

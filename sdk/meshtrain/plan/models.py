@@ -273,6 +273,8 @@ def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
         "max_position_embeddings": int(config.get("max_position_embeddings", 4096)),
         "head_dim": config.get("head_dim"),
+        "attention": "eager" if config.get("_attn_implementation") == "eager" else "sdpa",
+        "rotary_fraction": _rotary_fraction(config),
     }
     if model_type in ("llama", "mistral", "mixtral", "qwen2"):
         bias = bool(config.get("attention_bias", False))
@@ -284,7 +286,7 @@ def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
                           experts_per_token=int(config["num_experts_per_tok"]))
         return fields
     if model_type == "gpt_neox":
-        fields.update(family="gpt_neox", rotary_fraction=float(config.get("rotary_pct", 1.0)),
+        fields.update(family="gpt_neox",
                       attention_dropout=float(config.get("attention_dropout", 0.0)),
                       hidden_dropout=float(config.get("hidden_dropout", 0.0)),
                       tie_word_embeddings=False)
@@ -293,6 +295,16 @@ def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         f"model_type {model_type!r} is not one the planner knows (llama, mistral, qwen2, "
         "mixtral, gpt_neox). Give its dimensions instead (--hidden-size, --num-layers, ...)."
     )
+
+
+def _rotary_fraction(config: Mapping[str, Any]) -> float:
+    """transformers 4.x: rotary_pct / partial_rotary_factor; 5.x: inside rope_parameters."""
+    rope = config.get("rope_parameters") or {}
+    for value in (config.get("rotary_pct"), config.get("partial_rotary_factor"),
+                  rope.get("partial_rotary_factor") if isinstance(rope, Mapping) else None):
+        if value is not None:
+            return float(value)
+    return 1.0
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:

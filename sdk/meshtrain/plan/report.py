@@ -82,8 +82,13 @@ def estimate_to_dict(estimate: LayoutEstimate, plan: Plan, rank: int) -> dict[st
     }
 
 
-def plan_to_dict(plan: Plan, *, top: int | None = None) -> dict[str, Any]:
-    """The whole plan as JSON-ready data; `top` limits the candidates listed."""
+def plan_to_dict(
+    plan: Plan, *, top: int | None = None, smallest_fitting_node_count: int | None = None
+) -> dict[str, Any]:
+    """The whole plan as JSON-ready data (meshtrain.plan.schema); `top` limits the candidates.
+
+    `smallest_fitting_node_count`: when nothing fits, the fewest hosts of this kind that do.
+    """
     model, cluster, training = plan.model, plan.cluster, plan.training
     ranked = list(enumerate(plan.candidates, start=1))
     best = plan.best
@@ -117,6 +122,7 @@ def plan_to_dict(plan: Plan, *, top: int | None = None) -> dict[str, Any]:
         "recommendation": None if best is None else estimate_to_dict(
             best, plan, plan.candidates.index(best) + 1),
         "candidates": [estimate_to_dict(c, plan, rank) for rank, c in listed],
+        "smallest_fitting_node_count": smallest_fitting_node_count,
     }
 
 

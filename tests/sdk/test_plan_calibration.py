@@ -1,0 +1,143 @@
+"""The planner against measurements on real tiny Hugging Face models (one process, CPU).
+
+Activations: the bytes of distinct storages autograd saves for backward (parameters left out),
+counted with `torch.autograd.graph.saved_tensors_hooks`, at two sequence lengths, with and
+without activation checkpointing, fp32 and bf16, SDPA and eager attention. Model states: the
+bytes of parameters, gradients and AdamW state after one step. The planner itself never imports
+torch; only this test does. Tensor/expert/hybrid layouts are calibrated with the runtime's
+multi-process tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+)
+
+from meshtrain.contract import SMPParameters, resolve_degrees
+from meshtrain.plan import Training, activation_bytes, model_state_bytes, resolve_model
+
+BATCH = 2
+
+
+def _llama(**overrides) -> tuple[LlamaConfig, type]:
+    shape = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+             "max_position_embeddings": 256, "tie_word_embeddings": False}
+    config = LlamaConfig(**{**shape, **overrides})
+    return config, LlamaForCausalLM
+
+
+def _mixtral() -> tuple[MixtralConfig, type]:
+    config = MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                           num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=256, tie_word_embeddings=False)
+    return config, MixtralForCausalLM
+
+
+def _neox() -> tuple[GPTNeoXConfig, type]:
+    config = GPTNeoXConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, vocab_size=128, max_position_embeddings=256,
+                           hidden_dropout=0.0, attention_dropout=0.0)
+    return config, GPTNeoXForCausalLM
+
+
+def _build(config, cls, *, attention: str, dtype: torch.dtype, checkpointing: bool):
+    torch.manual_seed(0)
+    config._attn_implementation = attention
+    model = cls(config).to(dtype).train()
+    if checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def saved_tensor_bytes(model: torch.nn.Module, seq_len: int) -> int:
+    """Bytes of distinct non-parameter storages saved for backward in one training step."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    keep = []  # hold every packed tensor so no storage address is reused mid-forward
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        keep.append(tensor)
+        return tensor
+
+    ids = torch.randint(0, 128, (BATCH, seq_len))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return sum(seen.values())
+
+
+CASES = [
+    ("llama", "sdpa", torch.float32), ("llama", "sdpa", torch.bfloat16),
+    ("llama", "eager", torch.float32), ("llama", "eager", torch.bfloat16),
+    ("llama-mha", "sdpa", torch.float32), ("mixtral", "sdpa", torch.bfloat16),
+    ("neox", "sdpa", torch.float32), ("neox", "eager", torch.bfloat16),
+]
+BUILDERS = {"llama": _llama, "llama-mha": lambda: _llama(num_key_value_heads=4),
+            "mixtral": _mixtral, "neox": _neox}
+PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+@pytest.mark.parametrize("seq_len", [32, 96])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize(("kind", "attention", "dtype"), CASES)
+def test_activation_bytes_match_saved_tensors(kind, attention, dtype, checkpointing, seq_len):
+    config, cls = BUILDERS[kind]()
+    model = _build(config, cls, attention=attention, dtype=dtype, checkpointing=checkpointing)
+    measured = saved_tensor_bytes(model, seq_len)
+    spec = resolve_model(config.to_dict()).model_copy(update={"attention": attention})
+    estimate = activation_bytes(spec, seq_len=seq_len, micro_batch=BATCH,
+                                precision=PRECISION[dtype],
+                                recompute="full" if checkpointing else "none")
+    error = estimate.total_bytes / measured - 1
+    # Without checkpointing the accounting is exact up to LayerNorm statistics (which CPU
+    # keeps in bf16, CUDA in fp32); with it, the rotary tables the checkpoint holds outside
+    # autograd's saved tensors (2 x s x d) are in the estimate but not in the measurement.
+    assert abs(error) < (0.01 if not checkpointing else 0.10), (measured, estimate.total_bytes)
+
+
+def test_activation_llama_exact_without_checkpointing():
+    config, cls = _llama()
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _build(config, cls, attention="sdpa", dtype=dtype, checkpointing=False)
+        estimate = activation_bytes(resolve_model(config.to_dict()), seq_len=64,
+                                    micro_batch=BATCH, precision=PRECISION[dtype])
+        assert estimate.total_bytes == saved_tensor_bytes(model, 64)
+
+
+def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+    states = sum(value.untyped_storage().nbytes() for state in optimizer.state.values()
+                 for key, value in state.items() if key != "step")
+    return {"parameters": params, "gradients": grads, "optimizer_states": states}
+
+
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "neox"])
+def test_model_state_bytes_match_one_process(kind):
+    config, cls = BUILDERS[kind]()
+    model = _build(config, cls, attention="sdpa", dtype=torch.float32, checkpointing=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (BATCH, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    measured = _state_bytes(model, optimizer)
+    degrees = resolve_degrees(SMPParameters(hybrid_shard_degree=1), 1)
+    planned = model_state_bytes(resolve_model(config.to_dict()), degrees,
+                                Training(precision="fp32"))
+    assert planned.parameters == measured["parameters"]
+    assert planned.gradients == measured["gradients"]
+    assert planned.optimizer_states == measured["optimizer_states"]
