@@ -264,6 +264,13 @@ class GroupedExperts(nn.Module):
         )
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         self.act_fn = ACTIVATIONS[activation]
+        self.init_std = 0.02
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) from the global RNG (delayed initialisation calls this)."""
+        for param in (self.gate_up_proj, self.down_proj):
+            param.normal_(0.0, self.init_std)
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -346,6 +353,7 @@ class MoE(nn.Module):
         params = [self.router.weight, self.experts.gate_up_proj, self.experts.down_proj]
         if any(p.is_meta for p in params):
             return
+        self.experts.init_std = std
         generator = torch.Generator().manual_seed(self.config.random_seed + self.layer_id)
         for param in params:
             values = torch.empty(param.shape, dtype=param.dtype)

@@ -131,3 +131,10 @@ def test_bad_input_raises_config_error(two):
     assert "apply_expert_parallel before" in results["fsdp_before_ep"]["message"]
     assert "shard_mod_ep" in results["fsdp_over_ep_axis"]["message"]
     assert "top_k=3" in results["moe_top_k"]["message"]
+
+
+def test_expert_parallel_reset_parameters_uses_the_model_init_std(two):
+    for row in two["reset_2"]["ranks"]:
+        assert row["init_std"] == [0.05, 0.05]
+        assert all(row["changed"])
+        assert all(0.04 < std < 0.06 for std in row["stds"]), row["stds"]

@@ -119,6 +119,15 @@ def test_moe_layer_seeding_shapes_and_aux_loss():
     assert first.load_balancing_loss.item() > 1.0
 
 
+def test_grouped_experts_reset_parameters_for_delayed_init():
+    layer = MoE(64, 96, num_experts=4, top_k=2)
+    assert layer.experts.init_std == 0.02
+    layer.experts.init_std = 0.1
+    layer.experts.reset_parameters()
+    for param in layer.experts.parameters():
+        assert 0.09 < param.std().item() < 0.11
+
+
 def test_moe_layer_matches_a_dense_computation():
     layer = MoE(8, 12, num_experts=3, top_k=1, norm_topk_prob=False, activation="gelu")
     x = torch.randn(10, 8)

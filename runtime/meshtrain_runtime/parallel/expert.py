@@ -62,8 +62,10 @@ class ExpertParallelExperts(nn.Module):
         down_proj: torch.Tensor,
         act_fn: Any,
         ep_mesh: DeviceMesh,
+        init_std: float = 0.02,
     ) -> None:
         super().__init__()
+        self.init_std = init_std
         self.num_experts = gate_up_proj.shape[0]
         self.ep_degree = ep_mesh.size()
         self.ep_rank = ep_mesh.get_local_rank()
@@ -76,6 +78,15 @@ class ExpertParallelExperts(nn.Module):
         self.last_send_splits: list[int] = []
         self.last_recv_splits: list[int] = []
         self.last_local_tokens: list[int] = []
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) on this rank's (FSDP-)local expert weights, from the global RNG.
+
+        For delayed initialisation: Hugging Face's ``_init_weights`` does not know this class.
+        """
+        for param in (self.gate_up_proj, self.down_proj):
+            _local(param).normal_(0.0, self.init_std)
 
     @property
     def first_expert(self) -> int:
@@ -251,13 +262,22 @@ def _check_divisible(name: str, num_experts: int, ep_degree: int) -> None:
         )
 
 
+def _init_std(model: nn.Module, experts: nn.Module) -> float:
+    """The std the experts were initialised with: theirs, or the HF config's initializer_range."""
+    std = getattr(experts, "init_std", None)
+    if std is None:
+        std = getattr(getattr(model, "config", None), "initializer_range", None)
+    return float(std) if std else 0.02
+
+
 def _replace_experts(
     model: nn.Module, targets: list[tuple[str, nn.Module]], dispatch_mesh: DeviceMesh
 ) -> None:
     for name, experts in targets:
         parent_name, _, attr = name.rpartition(".")
         replacement = ExpertParallelExperts(
-            experts.gate_up_proj, experts.down_proj, experts.act_fn, dispatch_mesh
+            experts.gate_up_proj, experts.down_proj, experts.act_fn, dispatch_mesh,
+            init_std=_init_std(model, experts),
         )
         # The old module (all experts) is dropped here: only this rank's slice stays alive.
         setattr(model.get_submodule(parent_name), attr, replacement)

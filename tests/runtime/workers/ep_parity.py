@@ -209,12 +209,34 @@ def bad_input_cases() -> None:
         report({"case": "bad_input", "results": results})
 
 
+def reset_case(name: str, layout: Layout) -> None:
+    """ExpertParallelExperts.reset_parameters (delayed init) draws N(0, initializer_range)."""
+    from meshtrain_runtime.parallel.expert import expert_parallel_modules
+
+    model = tiny_mixtral(2)
+    model.config.initializer_range = 0.05
+    _, expert = build_meshes(layout)
+    ep_apply(model, expert, None)
+    stds, changed = [], []
+    for module in expert_parallel_modules(model):
+        before = module.down_proj.to_local().clone()
+        module.reset_parameters()
+        changed.append(not torch.equal(before, module.down_proj.to_local()))
+        stds += [module.gate_up_proj.to_local().std().item(),
+                 module.down_proj.to_local().std().item()]
+    rows = gather_objects({"init_std": [m.init_std for m in expert_parallel_modules(model)],
+                           "stds": stds, "changed": changed})
+    if dist.get_rank() == 0:
+        report({"case": name, "ranks": rows})
+
+
 def run_two() -> None:
     mixtral_case("ep2_of_2_top2_plain_starved", Layout(1, 2, 2, fsdp=False), top_k=2,
                  starve=True)
     mixtral_case("ep2_of_2_top1_fsdp", Layout(1, 2, 2), top_k=1,
                  moe_config=MoEConfig(moe_aux_loss_coeff=0.05, moe_z_loss_coeff=0.01))
     masked_aux_case("masked_aux_2", Layout(1, 2, 2))
+    reset_case("reset_2", Layout(1, 2, 2))
     bad_input_cases()
 
 
