@@ -101,6 +101,7 @@ class LiveDisplay:
     def status(self, description: dict[str, Any]) -> None:
         self.summary = status_summary(description)
         self.progress.update(self.task, description=self.summary)
+        self.progress.refresh()
 
     def close(self) -> None:
         self.progress.stop()

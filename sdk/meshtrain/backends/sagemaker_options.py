@@ -98,9 +98,10 @@ def build_options(sagemaker_session: Any = None, **given: Any) -> SageMakerOptio
     anything with `boto_session` / `default_bucket()`) is accepted for drop-in use."""
     unknown = sorted(set(given) - set(OPTION_NAMES))
     if unknown:
-        hints = "".join(did_you_mean(name, OPTION_NAMES) for name in unknown)
+        known = (*OPTION_NAMES, "sagemaker_session")
+        hints = "".join(did_you_mean(name, known) for name in unknown)
         raise ConfigError(f"unknown argument(s) for SageMaker jobs: {', '.join(unknown)}.{hints} "
-                          f"Known: {', '.join(OPTION_NAMES)}.")
+                          f"Known: {', '.join(known)}.")
     if sagemaker_session is not None:
         given.setdefault("boto_session", getattr(sagemaker_session, "boto_session", None))
         bucket = getattr(sagemaker_session, "_default_bucket_name_override", None)
