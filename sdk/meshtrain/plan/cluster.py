@@ -20,6 +20,7 @@ DEFAULT_RESERVE_FRACTION = 0.05
 _GENERIC_PEAK_TFLOPS = 312.0
 _GENERIC_LINK_GBYTES = 300.0
 _GENERIC_NETWORK_GBIT = 400.0
+_HOST_COPY_GBYTES = 10.0  # processes of a CPU host exchange through shared memory
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _from_instance(
         gpu_memory_bytes=int(memory_gib * GIB),
         reserve_bytes=int(reserve * GIB),
         peak_flops=(gpu.peak_tflops if gpu else 0.0) * 1e12,
-        intra_node_bytes_per_s=(gpu.link_gbytes_per_s if gpu else 0.0) * 1e9,
+        intra_node_bytes_per_s=(gpu.link_gbytes_per_s if gpu else _HOST_COPY_GBYTES) * 1e9,
         inter_node_bytes_per_s=spec.network_gbit_per_s * 1e9 / 8,
         instance_type=instance_type,
     )

@@ -159,8 +159,8 @@ def group_bandwidth(cluster: Cluster, size: int, stride: int) -> float:
     Inside a host: the GPU's NVLink/PCIe bandwidth. Across hosts: the host's network shared by
     the ``ranks_per_node / m`` groups that cross it, m = this group's ranks per host.
     """
-    if size <= 1:
-        return math.inf
+    if size <= 1 or not (cluster.intra_node_bytes_per_s or cluster.inter_node_bytes_per_s):
+        return math.inf  # nothing to send, or no bandwidth known: not timed
     per_node = cluster.ranks_per_node
     if size * stride <= per_node:
         return cluster.intra_node_bytes_per_s or cluster.inter_node_bytes_per_s

@@ -87,6 +87,8 @@ _TABLE: dict[str, InstanceSpec] = {
 }
 _TABLE["ml.p3.2xlarge"] = InstanceSpec("ml.p3.2xlarge", 1, _V100_1, 10.0)
 
+_CPU_NETWORK_GBIT = 10.0  # nominal; only orders communication between layouts
+
 # General-purpose, compute- and memory-optimised families have no GPU.
 _CPU_TYPE = re.compile(r"ml\.(m|c|r|t)\d+[a-z]*\.[0-9a-z]+")
 
@@ -104,7 +106,7 @@ def instance_spec(instance_type: str) -> InstanceSpec:
     if instance_type in _TABLE:
         return _TABLE[instance_type]
     if instance_type == "local" or _CPU_TYPE.fullmatch(instance_type):
-        return InstanceSpec(instance_type, 0, None, 0.0)
+        return InstanceSpec(instance_type, 0, None, _CPU_NETWORK_GBIT)
     hint = did_you_mean(instance_type, _TABLE)
     raise ConfigError(
         f"Unknown instance type {instance_type!r}.{hint} Known GPU types: "

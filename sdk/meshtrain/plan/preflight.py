@@ -57,7 +57,8 @@ def preflight(
     config = distribution if isinstance(distribution, DistributionConfig) else \
         DistributionConfig.from_dict(dict(distribution) if distribution is not None else None)
     spec = resolve_model(model)
-    training = Training(seq_len=seq_len, micro_batch=micro_batch, precision=precision,
+    training = Training(seq_len=seq_len, micro_batch=micro_batch,
+                        precision=config.smp.mixed_precision or precision,
                         optimizer=optimizer, convention=convention,  # type: ignore[arg-type]
                         fused_optimizer=fused_optimizer)
     ranks = processes_per_host or config.processes_per_host(gpus_per_instance(instance_type))
