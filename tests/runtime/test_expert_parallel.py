@@ -16,7 +16,7 @@ WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.multiprocess
 
 TOL = 1e-5  # float32 parity bound (measured errors are ~1e-8 .. 1e-6)
-MIXTRAL_TWO = ["ep2_of_2_top2_plain_starved", "ep2_of_2_top1_fsdp"]
+MIXTRAL_TWO = ["ep2_of_2_top2_plain_starved", "ep2_of_2_top1_fsdp_checkpointed"]
 MIXTRAL_FOUR = [
     "ep2_of_4_top2_fsdp",
     "ep4_of_4_top1_fsdp_starved",
@@ -54,6 +54,12 @@ def test_mixtral_output_loss_and_gradients_match_one_process(two, four):
         # One SGD step later the parameters and the next loss still agree.
         assert case["param_err"] < TOL, name
         assert case["step2_loss_err"] < TOL, name
+
+
+def test_expert_parallel_composes_with_activation_checkpointing(two):
+    case = two["ep2_of_2_top1_fsdp_checkpointed"]
+    assert case["checkpointed_blocks"] == 2  # recompute re-runs the all-to-alls in backward
+    assert case["grad_err"] < TOL
 
 
 def test_layouts_cover_the_acceptance_matrix(two, four):

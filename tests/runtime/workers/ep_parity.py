@@ -34,6 +34,10 @@ from ep_support import (
     tiny_mixtral,
 )
 from report import report
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointWrapper,
+    apply_activation_checkpointing,
+)
 
 from meshtrain_runtime.moe import MoE, MoEConfig, router_losses
 
@@ -44,7 +48,7 @@ def z_reference(router_logits: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 
 def mixtral_case(name: str, layout: Layout, top_k: int, *, starve: bool = False,
-                 moe_config: MoEConfig | None = None) -> None:
+                 moe_config: MoEConfig | None = None, checkpoint: bool = False) -> None:
     reference = tiny_mixtral(top_k)
     if moe_config is not None:
         reference.router_aux_loss_coef = moe_config.load_balancing_coeff
@@ -53,6 +57,8 @@ def mixtral_case(name: str, layout: Layout, top_k: int, *, starve: bool = False,
     ep_apply(model, expert, moe_config)
     accounting = {"after_ep": gather_objects(
         expert_accounting(model, reference, layout, fsdp_applied=False))}
+    if checkpoint:  # the transform's order: EP, then activation checkpointing, then FSDP
+        apply_activation_checkpointing(model, check_fn=lambda m: m in set(model.model.layers))
     if layout.fsdp:
         shard_model(model, layout, main, expert, list(model.model.layers))
         accounting["after_fsdp"] = gather_objects(
@@ -86,6 +92,7 @@ def mixtral_case(name: str, layout: Layout, top_k: int, *, starve: bool = False,
         "grad_err": max(errors.values()),
         "worst_grad": max(errors, key=errors.get),
         "expert_load": global_expert_load(model),
+        "checkpointed_blocks": sum(isinstance(m, CheckpointWrapper) for m in model.modules()),
     }
     record["step2_loss_err"], record["param_err"] = second_step(model, reference, layout)
     if dist.get_rank() == 0:
@@ -233,8 +240,9 @@ def reset_case(name: str, layout: Layout) -> None:
 def run_two() -> None:
     mixtral_case("ep2_of_2_top2_plain_starved", Layout(1, 2, 2, fsdp=False), top_k=2,
                  starve=True)
-    mixtral_case("ep2_of_2_top1_fsdp", Layout(1, 2, 2), top_k=1,
-                 moe_config=MoEConfig(moe_aux_loss_coeff=0.05, moe_z_loss_coeff=0.01))
+    mixtral_case("ep2_of_2_top1_fsdp_checkpointed", Layout(1, 2, 2), top_k=1,
+                 moe_config=MoEConfig(moe_aux_loss_coeff=0.05, moe_z_loss_coeff=0.01),
+                 checkpoint=True)
     masked_aux_case("masked_aux_2", Layout(1, 2, 2))
     reset_case("reset_2", Layout(1, 2, 2))
     bad_input_cases()

@@ -133,9 +133,17 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     return float(t.item()) / dist.get_world_size()
 
 
+def named_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameters by their reference name (activation checkpointing wrappers add a prefix)."""
+    return {
+        name.replace("_checkpoint_wrapped_module.", ""): param
+        for name, param in model.named_parameters()
+    }
+
+
 def grad_errors(model: nn.Module, reference: nn.Module) -> dict[str, float]:
     """Max |grad - reference grad| per parameter (same names; DTensors gathered)."""
-    params = dict(model.named_parameters())
+    params = named_parameters(model)
     errors = {}
     for name, ref_param in reference.named_parameters():
         grad = params[name].grad
@@ -145,7 +153,7 @@ def grad_errors(model: nn.Module, reference: nn.Module) -> dict[str, float]:
 
 
 def param_errors(model: nn.Module, reference: nn.Module) -> float:
-    params = dict(model.named_parameters())
+    params = named_parameters(model)
     worst = 0.0
     for name, ref_param in reference.named_parameters():
         worst = max(worst, (full(params[name].detach()) - ref_param.detach()).abs().max().item())
@@ -184,7 +192,7 @@ def expert_accounting(
 
 def _slices_match(ep_modules: list, model: nn.Module, reference: nn.Module) -> bool:
     ref_params = dict(reference.named_parameters())
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in named_parameters(model).items()}
     for module in ep_modules:
         for param in module.parameters():
             ref = ref_params[names[id(param)]]
