@@ -21,7 +21,7 @@ WORKER = Path(__file__).parent / "workers" / "tp_parity.py"
 CASES = {
     2: ["llama/1x1x2", "llama/1x1x2/sp", "llama/1x1x2/lp", "llama/1x1x2/sp/lp",
         "llama_tied/1x1x2/sp", "neox/1x1x2", "neox/1x1x2/sp", "custom/1x1x2",
-        "custom/1x1x2/sp", "mixtral/1x1x2"],
+        "custom/1x1x2/sp", "mixtral/1x1x2", "qwen2/1x1x2/sp"],
     4: ["llama/1x1x4", "llama/1x1x4/sp", "llama/1x2x2", "llama/1x2x2/sp/lp",
         "custom/1x2x2/sp"],
     8: ["llama/2x2x2", "llama/2x2x2/sp"],
@@ -43,6 +43,13 @@ EXPECTED_PLACEMENTS = {
         "lm_head.weight": SHARD0,
         "model.layers.0.input_layernorm.weight": REPLICATE,
         "model.norm.weight": REPLICATE,
+    },
+    "qwen2": {
+        "model.layers.0.self_attn.q_proj.weight": SHARD0,
+        "model.layers.0.self_attn.q_proj.bias": SHARD0,
+        "model.layers.0.self_attn.v_proj.bias": SHARD0,
+        "model.layers.0.self_attn.o_proj.weight": SHARD1,
+        "model.layers.0.mlp.down_proj.weight": SHARD1,
     },
     "neox": {
         "gpt_neox.layers.0.attention.query_key_value.weight": SHARD0,
@@ -187,3 +194,11 @@ def test_bad_input_is_a_config_error(launches, key: str, fragments: list[str]) -
     message = launches(2)["checks"]["checks"]["bad_input"][key]
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_hf_padding_uneven_lengths_and_labels(launches) -> None:
+    """Padding mask, 7 tokens over 2 ranks, labels with -100 (HF's own loss, also inside
+    loss_parallel) and vocab 95 over 2 ranks: same loss as the unsplit model."""
+    errors = launches(2)["checks"]["checks"]["hf_inputs"]
+    assert set(errors) == {"sp=0,lp=0", "sp=1,lp=0", "sp=1,lp=1"}
+    assert max(errors.values()) < PARITY, errors

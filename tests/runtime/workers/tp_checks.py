@@ -6,6 +6,7 @@ asserts on them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import tp_models as models
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import loss_parallel
 
 from meshtrain.errors import ConfigError
 from meshtrain_runtime.parallel.tensor import (
@@ -31,6 +33,7 @@ def run_all(tp_mesh: DeviceMesh) -> dict:
         "rng_replicated_stream": rng_replicated_stream(tp_mesh),
         "rng_checkpoint_recompute": rng_checkpoint_recompute(tp_mesh),
         "bad_input": bad_input(tp_mesh),
+        "hf_inputs": hf_inputs(tp_mesh),
     }
 
 
@@ -172,3 +175,30 @@ def bad_input(tp_mesh: DeviceMesh) -> dict:
         "mixtral_sp": _config_error(lambda: models.build_model("mixtral"), tp_mesh=tp_mesh,
                                     sequence_parallel=True),
     }
+
+
+def hf_inputs(tp_mesh: DeviceMesh) -> dict:
+    """What HF training loops pass: padding masks, uneven lengths, labels with -100, a vocab
+    the degree does not divide. Errors vs the unsplit model (forward loss)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=95))
+    ids = torch.randint(0, 95, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    labels = ids.masked_fill(mask == 0, -100)
+    reference = float(base(input_ids=ids, attention_mask=mask, labels=labels).loss)
+    errors = {}
+    for sp, lp in ((False, False), (True, False), (True, True)):
+        model = apply_tensor_parallel(copy.deepcopy(base), tp_mesh, sequence_parallel=sp,
+                                      loss_parallel=lp)
+        with loss_parallel() if lp else contextlib.nullcontext():
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+        value = loss.full_tensor() if lp else loss
+        errors[f"sp={int(sp)},lp={int(lp)}"] = abs(float(value) - reference)
+    return errors
+

@@ -100,7 +100,10 @@ CUSTOM_PLAN = {
 
 
 def build_model(kind: str) -> nn.Module:
-    """A tiny model of `kind`, initialised from seed 0 (identical on every rank)."""
+    """A tiny model of `kind` (llama, llama_tied, qwen2, neox, mixtral, custom).
+
+    Initialised from seed 0, so identical on every rank.
+    """
     from transformers import (
         GPTNeoXConfig,
         GPTNeoXForCausalLM,
@@ -108,6 +111,8 @@ def build_model(kind: str) -> nn.Module:
         LlamaForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
     )
 
     torch.manual_seed(0)
@@ -117,6 +122,8 @@ def build_model(kind: str) -> nn.Module:
         config = LlamaConfig(**{**small, "num_attention_heads": 8}, num_key_value_heads=4,
                              tie_word_embeddings=kind == "llama_tied")
         return LlamaForCausalLM(config)
+    if kind == "qwen2":  # q/k/v biases: split with their projections
+        return Qwen2ForCausalLM(Qwen2Config(**small, num_key_value_heads=2))
     if kind == "neox":
         return GPTNeoXForCausalLM(GPTNeoXConfig(**small))
     if kind == "mixtral":

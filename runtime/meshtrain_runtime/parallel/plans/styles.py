@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
@@ -54,6 +55,8 @@ class PrepareRegionInput(ParallelStyle):
         keyword = _first_forward_parameter(module)
 
         def to_replicate(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
             if not isinstance(value, DTensor):
                 value = DTensor.from_local(value, device_mesh, (self.input_layout,),
                                            run_check=False)
