@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
-from meshtrain.plan.memory import REDUCE_BYTES, Training
+from meshtrain.plan.memory import REDUCE_BYTES, Training, local_shape
 from meshtrain.plan.models import ModelSpec, param_groups
 
 
@@ -75,15 +75,12 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
     tp, ep = degrees.tensor_parallel_degree, degrees.expert_parallel_degree
     dense = expert = head = 0.0
     for group in param_groups(model):
-        shape = list(group.shape)
-        if group.tp_dim is not None:
-            shape[group.tp_dim] = math.ceil(shape[group.tp_dim] / tp)
+        numel = math.prod(local_shape(group, tp, ep)) * group.count
         if group.expert:
-            shape[0] = math.ceil(shape[0] / ep)
-            expert += math.prod(shape) * group.count
+            expert += numel
         else:
-            dense += math.prod(shape) * group.count
-            head += math.prod(shape) * group.count if group.unit == "head" else 0.0
+            dense += numel
+            head += numel if group.unit == "head" else 0.0
     return dense, expert, head
 
 

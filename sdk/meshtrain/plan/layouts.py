@@ -15,6 +15,7 @@ closest to fitting first.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ def _with_precision(training: Training, parameters: SMPParameters) -> Training:
     """The distribution's mixed_precision, when set, is what the runtime will use."""
     if parameters.mixed_precision is None or parameters.mixed_precision == training.precision:
         return training
-    return Training(**{**training.__dict__, "precision": parameters.mixed_precision})
+    return dataclasses.replace(training, precision=parameters.mixed_precision)
 
 
 def _world(cluster: Cluster) -> str:

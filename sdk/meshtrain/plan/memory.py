@@ -113,7 +113,8 @@ class ModelStateBytes:
         return self.parameters + self.gradients + self.optimizer_states
 
 
-def _local_shape(group: ParamGroup, tp: int, ep: int) -> list[int]:
+def local_shape(group: ParamGroup, tp: int, ep: int) -> list[int]:
+    """One tensor of `group` on one rank after TP and EP, before FSDP (ceil on uneven splits)."""
     shape = list(group.shape)
     if group.tp_dim is not None:
         shape[group.tp_dim] = math.ceil(shape[group.tp_dim] / tp)
@@ -134,7 +135,7 @@ def group_shard_elements(group: ParamGroup, *, tp: int, ep: int, shard: int) -> 
     dim 0, split `ep` ways) are sharded over ``shard / ep`` ranks: on dim 0 when the local
     experts divide evenly, else on dim 1 (torchtitan's placement).
     """
-    local = _local_shape(group, tp, ep)
+    local = local_shape(group, tp, ep)
     if not group.expert:
         return _sharded_numel(local, 0, shard)
     expert_shard = shard // ep
@@ -196,7 +197,7 @@ def unit_elements(model: ModelSpec, degrees: ResolvedDegrees) -> dict[str, float
     tp, ep = degrees.tensor_parallel_degree, degrees.expert_parallel_degree
     units: dict[str, float] = {"layer": 0.0, "embedding": 0.0, "head": 0.0, "root": 0.0}
     for group in param_groups(model):
-        numel = math.prod(_local_shape(group, tp, ep)) * group.count
+        numel = math.prod(local_shape(group, tp, ep)) * group.count
         units[group.unit] += numel / model.num_layers if group.unit == "layer" else numel
     return units
 
@@ -270,6 +271,7 @@ __all__ = [
     "bytes_per_param",
     "group_shard_elements",
     "local_param_elements",
+    "local_shape",
     "model_state_bytes",
     "optimizer_step_bytes",
     "temporary_bytes",

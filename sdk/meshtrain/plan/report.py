@@ -29,8 +29,7 @@ def distribution_for(estimate: LayoutEstimate) -> dict[str, Any]:
 
 def estimate_to_dict(estimate: LayoutEstimate, plan: Plan, rank: int) -> dict[str, Any]:
     """One candidate as JSON-ready data (bytes are integers, per GPU)."""
-    memory, acts, degrees = estimate.memory, estimate.activations, estimate.degrees
-    time = estimate.time
+    degrees, time = estimate.degrees, estimate.time
     return {
         "rank": rank,
         "layout": estimate.layout,
@@ -45,40 +44,45 @@ def estimate_to_dict(estimate: LayoutEstimate, plan: Plan, rank: int) -> dict[st
             "sharding_strategy": degrees.sharding_strategy,
         },
         "fits": estimate.fits,
-        "memory_bytes": {
-            "parameters": memory.states.parameters, "gradients": memory.states.gradients,
-            "optimizer_states": memory.states.optimizer_states,
-            "model_states": memory.states.total, "activations": _int(memory.activations),
-            "temporary_buffers": _int(memory.temporary_bytes),
-            "temporary_breakdown": {k: _int(v) for k, v in memory.temporary.items()},
-            "optimizer_step_buffers": memory.optimizer_step, "peak": _int(memory.peak_bytes),
-            "reserve": memory.reserve, "capacity": estimate.capacity_bytes,
-            "headroom": _int(estimate.headroom_bytes),
-        },
-        "activations": {
-            "per_layer": _int(acts.layer_bytes),
-            "per_layer_breakdown": {k: _int(v) for k, v in acts.layer_terms.items()},
-            "layers_stored_in_full": acts.num_layers - acts.num_checkpointed,
-            "layers_checkpointed": acts.num_checkpointed,
-            "checkpoints_on_gpu": acts.num_checkpoints_on_gpu,
-            "per_checkpoint": _int(acts.checkpoint_bytes),
-            "model_terms": {k: _int(v) for k, v in acts.model_terms.items()},
-        },
+        "memory_bytes": _memory_dict(estimate),
+        "activations": _activations_dict(estimate),
         "communication_bytes_per_step": {
-            "fsdp_all_gather": _int(estimate.comm.fsdp_all_gather),
-            "fsdp_reduce_scatter": _int(estimate.comm.fsdp_reduce_scatter),
-            "data_parallel_all_reduce": _int(estimate.comm.data_parallel_all_reduce),
-            "tensor_parallel": _int(estimate.comm.tensor_parallel),
-            "expert_all_to_all": _int(estimate.comm.expert_all_to_all),
-            "context_parallel": _int(estimate.comm.context_parallel),
-            "total": _int(estimate.comm.total),
-        },
+            name: _int(getattr(estimate.comm, name)) for name in (
+                "fsdp_all_gather", "fsdp_reduce_scatter", "data_parallel_all_reduce",
+                "tensor_parallel", "expert_all_to_all", "context_parallel", "total")},
         "estimate": {
             "compute_s": time.compute_s, "overlapped_communication_s": time.overlapped_comm_s,
             "exposed_communication_s": time.exposed_comm_s, "step_s": time.step_s,
             "tokens_per_step": time.tokens_per_step, "tokens_per_s": time.tokens_per_s,
         },
         "reasoning": reasoning(estimate, plan),
+    }
+
+
+def _memory_dict(estimate: LayoutEstimate) -> dict[str, Any]:
+    memory = estimate.memory
+    return {
+        "parameters": memory.states.parameters, "gradients": memory.states.gradients,
+        "optimizer_states": memory.states.optimizer_states,
+        "model_states": memory.states.total, "activations": _int(memory.activations),
+        "temporary_buffers": _int(memory.temporary_bytes),
+        "temporary_breakdown": {k: _int(v) for k, v in memory.temporary.items()},
+        "optimizer_step_buffers": memory.optimizer_step, "peak": _int(memory.peak_bytes),
+        "reserve": memory.reserve, "capacity": estimate.capacity_bytes,
+        "headroom": _int(estimate.headroom_bytes),
+    }
+
+
+def _activations_dict(estimate: LayoutEstimate) -> dict[str, Any]:
+    acts = estimate.activations
+    return {
+        "per_layer": _int(acts.layer_bytes),
+        "per_layer_breakdown": {k: _int(v) for k, v in acts.layer_terms.items()},
+        "layers_stored_in_full": acts.num_layers - acts.num_checkpointed,
+        "layers_checkpointed": acts.num_checkpointed,
+        "checkpoints_on_gpu": acts.num_checkpoints_on_gpu,
+        "per_checkpoint": _int(acts.checkpoint_bytes),
+        "model_terms": {k: _int(v) for k, v in acts.model_terms.items()},
     }
 
 
