@@ -96,6 +96,10 @@ def test_hf_llama_tensor_sequence_and_context_parallel_by_hand():
     cp = activation_bytes(LLAMA, seq_len=32, micro_batch=2, precision="fp32",
                           context_parallel_degree=2)
     assert cp.layer_bytes == 312_832 / 2
+    assert tp2.model_terms["logits_fp32"] == 4 * 64 * 128  # gathered by HF's head
+    split = activation_bytes(LLAMA, seq_len=32, micro_batch=2, precision="fp32",
+                             tensor_parallel_degree=2, loss_parallel=True)
+    assert split.model_terms["logits_fp32"] == 4 * 64 * 128 / 2
 
 
 def test_eager_attention_and_selective_recomputation_by_hand():

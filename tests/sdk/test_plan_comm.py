@@ -74,6 +74,9 @@ def test_tensor_parallel_per_layer_all_reduces():
     sp = _volumes(LLAMA, 2, fp32, hybrid_shard_degree=1, tensor_parallel_degree=2,
                   sequence_parallel=True)
     assert sp.tensor_parallel == v.tensor_parallel  # AG + RS move what an all-reduce moves
+    degrees = resolve_degrees(SMPParameters(hybrid_shard_degree=1, tensor_parallel_degree=2), 2)
+    split = communication_volumes(LLAMA, degrees, fp32, loss_parallel=True)
+    assert split.tensor_parallel == 2 * per_layer + head_grad  # logits stay vocab-split
     recomputed = _volumes(LLAMA, 2, fp32, recompute=True, hybrid_shard_degree=1,
                           tensor_parallel_degree=2)
     # full recomputation repeats the 2 forward all-reduces: 6 per layer

@@ -115,12 +115,15 @@ def activation_bytes(
     checkpoint_interval: int = 1,
     offload: bool = False,
     loading_horizon: int = 2,
+    loss_parallel: bool = False,
 ) -> ActivationEstimate:
     """Activation bytes per GPU for `micro_batch` sequences of `seq_len` tokens.
 
     `recompute="full"` checkpoints blocks 0, n, 2n, ... (n = `checkpoint_interval`) and keeps
     only their inputs; `offload` moves those inputs to host memory except `loading_horizon`
     layers'. `"selective"` recomputes the attention core (drops the s x s tensors).
+    `loss_parallel` keeps the logits split over the vocabulary (the runtime's option; by
+    default the head gathers them, as HF's ``colwise_gather_output`` does).
     """
     if precision not in ACT_BYTES:
         raise ConfigError(f"precision={precision!r}: use one of {', '.join(ACT_BYTES)}.")
@@ -138,7 +141,7 @@ def activation_bytes(
         num_layers=model.num_layers,
         num_checkpointed=num_ckpt,
         num_checkpoints_on_gpu=on_gpu,
-        model_terms=_model_terms(model, shape),
+        model_terms=_model_terms(model, shape, loss_parallel=loss_parallel),
     )
 
 
@@ -220,7 +223,7 @@ def _gpt_layer(model: ModelSpec, x: _Shape, selective: bool) -> dict[str, float]
     return terms
 
 
-def _model_terms(model: ModelSpec, x: _Shape) -> dict[str, float]:
+def _model_terms(model: ModelSpec, x: _Shape, *, loss_parallel: bool) -> dict[str, float]:
     if model.family == "gpt":
         return {
             "embedding_dropout_mask": x.t * x.h / x.sp_div,
@@ -234,7 +237,7 @@ def _model_terms(model: ModelSpec, x: _Shape) -> dict[str, float]:
         "final_norm": _norm(model, x),
         "head_input": x.act * x.t * x.h,
         # HF's head gathers the logits ("colwise_gather_output"); the loss upcasts to fp32.
-        "logits_fp32": _F32 * x.t * x.v,
+        "logits_fp32": _F32 * x.t * x.v / (x.tp if loss_parallel else 1),
         "labels": _I64 * x.t,
         "loss": _F32,
     }

@@ -85,9 +85,13 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
 
 
 def communication_volumes(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, *, recompute: bool = False
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, *, recompute: bool = False,
+    loss_parallel: bool = False,
 ) -> CommVolumes:
-    """Bytes one GPU sends per step under `degrees` (see the module docstring)."""
+    """Bytes one GPU sends per step under `degrees` (see the module docstring).
+
+    `loss_parallel`: the head's logits stay split over the vocabulary (no gather).
+    """
     dense, expert, head = _local_elements(model, degrees)
     c, r = training.compute_bytes, REDUCE_BYTES
     shard, rep = degrees.hybrid_shard_degree, degrees.replicate_degree
@@ -103,7 +107,7 @@ def communication_volumes(
         fsdp_all_gather=all_gather,
         fsdp_reduce_scatter=reduce_scatter,
         data_parallel_all_reduce=all_reduce,
-        tensor_parallel=_tensor_parallel(model, degrees, training, recompute),
+        tensor_parallel=_tensor_parallel(model, degrees, training, recompute, loss_parallel),
         expert_all_to_all=_expert_parallel(model, degrees, training, recompute),
         context_parallel=_context_parallel(model, degrees, training, recompute),
     )
@@ -114,15 +118,16 @@ def _tokens(degrees: ResolvedDegrees, training: Training) -> int:
 
 
 def _tensor_parallel(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool,
+    loss_parallel: bool,
 ) -> float:
     t = degrees.tensor_parallel_degree
     if t == 1:
         return 0.0
     message = training.compute_bytes * _tokens(degrees, training) * model.hidden_size
     per_layer = (6 if recompute else 4) * all_reduce_bytes(t, message)
-    logits = all_gather_bytes(t, training.compute_bytes * _tokens(degrees, training)
-                              * model.vocab_size)
+    logits = 0.0 if loss_parallel else all_gather_bytes(
+        t, training.compute_bytes * _tokens(degrees, training) * model.vocab_size)
     return model.num_layers * per_layer + logits + all_reduce_bytes(t, message)
 
 
