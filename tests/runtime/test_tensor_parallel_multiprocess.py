@@ -189,6 +189,8 @@ def test_checkpoint_recompute_replays_tp_dropout(launches) -> None:
     ("no_plan", ["declares no tensor-parallel plan", "transform(model, tp_plan={"]),
     ("sp_without_embedding", ["no token embedding", "sequence_parallel=False"]),
     ("mixtral_sp", ["MoE", "sequence_parallel=False"]),
+    ("missing_projection", ["blocks.0.attn.v", "inside the tensor-parallel region blocks.0.attn",
+                            "'colwise'"]),
 ])
 def test_bad_input_is_a_config_error(launches, key: str, fragments: list[str]) -> None:
     message = launches(2)["checks"]["checks"]["bad_input"][key]

@@ -165,6 +165,7 @@ def bad_input(tp_mesh: DeviceMesh) -> dict:
         return models.CustomLM(dim=48, num_heads=3)
 
     no_embedding = {k: v for k, v in models.CUSTOM_PLAN.items() if k != "embed"}
+    no_v = {k: v for k, v in models.CUSTOM_PLAN.items() if k != "blocks.*.attn.v"}
     return {
         "kv_heads": _config_error(llama_one_kv_head, tp_mesh=tp_mesh),
         "custom_heads": _config_error(custom_three_heads, tp_mesh=tp_mesh,
@@ -172,6 +173,7 @@ def bad_input(tp_mesh: DeviceMesh) -> dict:
         "no_plan": _config_error(models.CustomLM, tp_mesh=tp_mesh),
         "sp_without_embedding": _config_error(models.CustomLM, tp_mesh=tp_mesh,
                                               plan=no_embedding, sequence_parallel=True),
+        "missing_projection": _config_error(models.CustomLM, tp_mesh=tp_mesh, plan=no_v),
         "mixtral_sp": _config_error(lambda: models.build_model("mixtral"), tp_mesh=tp_mesh,
                                     sequence_parallel=True),
     }
