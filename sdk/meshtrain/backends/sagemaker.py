@@ -65,12 +65,14 @@ class SageMakerBackend:
 
     @property
     def session(self) -> Any:
+        """The boto3 session: `boto_session`, else boto3's standard chain."""
         if self._session is None:
             self._session = boto3.Session()
         return self._session
 
     @property
     def region(self) -> str | None:
+        """The session's region (None when nothing configures one)."""
         return self.session.region_name
 
     def client(self, service: str) -> Any:
@@ -81,6 +83,7 @@ class SageMakerBackend:
         return self._clients[service]
 
     def account_id(self) -> str:
+        """The caller's account (STS GetCallerIdentity, asked once)."""
         if self._account is None:
             self._account = self.client("sts").get_caller_identity()["Account"]
         return self._account
@@ -115,6 +118,7 @@ class SageMakerBackend:
     # --- steps ------------------------------------------------------------------------------
 
     def handle(self, job_name: str) -> SageMakerTrainingJob:
+        """The TrainingJob handle of `job_name` (no request)."""
         return SageMakerTrainingJob(
             job_name, self.client("sagemaker"), self.client("logs"),
             poll_seconds=self.options.poll_seconds,
@@ -140,9 +144,12 @@ class SageMakerBackend:
         bucket = self.ensure_default_bucket() if spec.output_path is None else ""
         output_path = spec.output_path or default_output_path(bucket)
         image = spec.image_uri or default_image_uri(self.account_id(), region)
+        code_uri = code_uri_for(spec, self.options, bucket)
+        derived = bool(bucket) and self.options.default_bucket is None
+        owner = self.account_id() if derived and code_uri.startswith(f"s3://{bucket}/") else None
         return RequestContext(region=region, role_arn=self.expand_role(str(spec.role)),
-                              image_uri=image, output_path=output_path,
-                              code_uri=code_uri_for(spec, self.options, bucket))
+                              image_uri=image, output_path=output_path, code_uri=code_uri,
+                              code_bucket_owner=owner)
 
     def expand_role(self, role: str) -> str:
         """A role ARN as is; a role name through IAM GetRole (as the SDK's expand_role)."""
@@ -192,9 +199,8 @@ class SageMakerBackend:
         output_bucket = parse_s3_uri(context.output_path, "output_path")[0]
         if self.options.output_kms_key and bucket == output_bucket:
             extra["SSEKMSKeyId"] = self.options.output_kms_key
-        if self.options.default_bucket is None and bucket == f"sagemaker-{self.region}-" \
-                f"{self._account}":
-            extra["ExpectedBucketOwner"] = self._account
+        if context.code_bucket_owner:
+            extra["ExpectedBucketOwner"] = context.code_bucket_owner
         with tempfile.TemporaryDirectory(prefix="meshtrain-source-") as scratch:
             tarball = Path(scratch) / "sourcedir.tar.gz"
             members = write_sourcedir_tarball(Path(spec.source_dir), tarball,

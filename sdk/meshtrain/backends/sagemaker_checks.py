@@ -20,7 +20,7 @@ from meshtrain.plan.instances import gpus_per_instance
 ROLE_ARN = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$")
 ROLE_NAME = re.compile(r"^[\w+=,.@-]{1,64}$")
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+REGION = re.compile(r"^[a-z]{2,5}(-[a-z]+)+-\d+$")
 MAX_HYPERPARAMETERS, MAX_HP_KEY, MAX_HP_VALUE = 100, 256, 2500
 MAX_ENV, MAX_ENV_KEY, MAX_ENV_VALUE = 100, 512, 512
 MAX_TAGS, MAX_METRICS, MAX_CHANNELS = 50, 40, 20
@@ -45,6 +45,7 @@ def parse_s3_uri(uri: Any, what: str) -> tuple[str, str]:
 
 
 def check_region(region: str | None) -> str:
+    """A region is configured (boto3 chain or boto_session) and looks like one."""
     if not region:
         raise ConfigError("No AWS region is configured. Set AWS_DEFAULT_REGION (or `region` in "
                           "~/.aws/config), or pass boto_session=boto3.Session(region_name=...).")
@@ -54,6 +55,7 @@ def check_region(region: str | None) -> str:
 
 
 def check_role(role: Any) -> str:
+    """An IAM role ARN of the API's shape, or a bare role name (expanded through IAM later)."""
     if role is None:
         raise ConfigError("role is required for SageMaker jobs: the IAM role SageMaker assumes, "
                           "e.g. role='arn:aws:iam::111122223333:role/SageMakerRole'.")
@@ -82,6 +84,7 @@ def check_instances(spec: JobSpec) -> int:
 
 
 def check_stopping(spec: JobSpec) -> None:
+    """StoppingCondition: max_run within 28 days; max_wait >= max_run, and only with spot."""
     if spec.max_run > MAX_RUN_SECONDS:
         raise ConfigError(f"max_run={spec.max_run} s exceeds SageMaker's {MAX_RUN_SECONDS} s "
                           "(28 days).")
@@ -112,6 +115,7 @@ def check_hyperparameters(encoded: dict[str, str]) -> None:
 
 
 def check_environment(environment: dict[str, str]) -> None:
+    """Environment: at most 100 entries, names and values up to 512 characters."""
     if len(environment) > MAX_ENV:
         raise ConfigError(f"{len(environment)} environment variables exceed SageMaker's {MAX_ENV}.")
     for key, value in environment.items():
@@ -121,6 +125,7 @@ def check_environment(environment: dict[str, str]) -> None:
 
 
 def check_tags(tags: list[Any]) -> None:
+    """Tags: at most 50 {'Key', 'Value'} dicts within SageMaker's lengths."""
     if len(tags) > MAX_TAGS:
         raise ConfigError(f"{len(tags)} tags exceed SageMaker's {MAX_TAGS}.")
     for tag in tags:
@@ -132,6 +137,7 @@ def check_tags(tags: list[Any]) -> None:
 
 
 def check_metric_definitions(definitions: list[Any]) -> None:
+    """MetricDefinitions: at most 40 {'Name', 'Regex'} dicts whose regexes compile."""
     if len(definitions) > MAX_METRICS:
         raise ConfigError(f"{len(definitions)} metric definitions exceed SageMaker's "
                           f"{MAX_METRICS}.")
@@ -181,6 +187,7 @@ def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
 
 
 def check_resources(spec: JobSpec) -> None:
+    """Input mode, volume size and image URI length."""
     if spec.input_mode not in INPUT_MODES:
         raise ConfigError(f"input_mode={spec.input_mode!r} is not one of {', '.join(INPUT_MODES)}.")
     if spec.volume_size < 0:

@@ -13,7 +13,8 @@ from meshtrain.backends.sagemaker_display import make_display, secondary_status_
 from meshtrain.backends.sagemaker_logs import CloudWatchLogReader
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 
-LOG_TYPES = {True: "All", False: "None", "All": "All", "None": "None", "Training": "All"}
+LOG_TYPES = {True: "All", False: "None", "All": "All", "None": "None", "Training": "All",
+             "Rules": "None"}  # the SDK's `logs` values; Debugger rules are not followed
 
 
 class SageMakerTrainingJob(TrainingJob):

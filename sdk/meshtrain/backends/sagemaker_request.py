@@ -36,6 +36,8 @@ class RequestContext:
     """S3OutputPath, e.g. 's3://sagemaker-us-west-2-111122223333/'."""
     code_uri: str
     """Where sourcedir.tar.gz is (or will be) in S3."""
+    code_bucket_owner: str | None = None
+    """The account that must own the code bucket (set for the derived default bucket)."""
 
 
 def default_output_path(bucket: str) -> str:
