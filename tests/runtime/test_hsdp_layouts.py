@@ -79,6 +79,15 @@ def test_clip_grad_norm_matches_torch_on_one_process(run, model: str) -> None:
                 assert norm == pytest.approx(expected, rel=1e-5), (layout, row["rank"])
 
 
+def test_grad_norm_of_every_order_matches_the_gathered_gradients(run) -> None:
+    world, records = run
+    rows = select(records, case="norm_types")
+    assert {r["layout"] for r in rows} == set(LAYOUTS[world])
+    for row in rows:
+        assert set(row["relative_errors"]) == {"1.0", "2.0", "inf"}
+        assert max(row["relative_errors"].values()) <= 1e-6, row
+
+
 def test_placements_follow_the_mesh_axes(run) -> None:
     world, records = run
     expected = {

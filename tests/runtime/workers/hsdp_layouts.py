@@ -7,6 +7,7 @@ Each case reports JSON records (see report.py); tests/runtime/test_hsdp_layouts.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -17,6 +18,7 @@ from hsdp_support import (
     build_llama,
     dataset,
     local_rows,
+    loss_of,
     memory_accounting,
     placements_summary,
     train,
@@ -27,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 import meshtrain_runtime as mr
 from meshtrain.errors import ConfigError
+from meshtrain_runtime.grad import total_grad_norm
 
 LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
     2: {"full_shard": {}},
@@ -106,6 +109,23 @@ def _block_reshards(model: torch.nn.Module) -> list[bool]:
     return flags
 
 
+def report_norm_types(layout: str, params: dict[str, Any]) -> None:
+    """Total gradient norm of order 1, 2 and inf vs the norm of the gathered full gradients."""
+    mr.init(params)
+    model = mr.transform(build_llama())
+    rows = local_rows(dataset(), mr.state.dp_rank, mr.state.dp_size)
+    loss_of(model, rows[:2]).backward()
+    grads = [p.grad for p in model.parameters()]
+    full = [g.full_tensor() for g in grads]
+    errors = {}
+    for norm_type in (1.0, 2.0, math.inf):
+        ours = float(total_grad_norm(grads, norm_type))
+        expected = float(torch.nn.utils.get_total_norm(full, norm_type))
+        errors[str(norm_type)] = abs(ours - expected) / expected
+    report({"case": "norm_types", "layout": layout, "relative_errors": errors})
+    mr.reset()
+
+
 def report_bad_degree() -> None:
     try:
         mr.init({"hybrid_shard_degree": 3})
@@ -123,6 +143,7 @@ def main() -> None:
         for name in MODELS:
             for clip in (None, CLIP):
                 run_layout(layout, params, name, clip)
+        report_norm_types(layout, params)
     report_bad_degree()
     run_state_cases(world)
     if world == 4:
