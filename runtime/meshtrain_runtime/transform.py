@@ -60,7 +60,8 @@ def transform(
 
     - `blocks`: the repeated layers (list of submodules or their class); default: HF
       ``_no_split_modules``, else repeated ``nn.ModuleList`` children.
-    - `tp_plan` / `moe_config`: for tensor / expert parallelism (used when those degrees are > 1).
+    - `tp_plan` / `moe_config`: inputs of tensor / expert parallelism, accepted so that scripts
+      written for them run; this build rejects degrees > 1, so they are not used yet.
     - `device`: where parameters live; must be the runtime's device (``state.device``).
     - `dtype`: cast floating-point parameters before sharding (normally keep fp32 and use
       ``mixed_precision``).
@@ -73,9 +74,9 @@ def transform(
     """
     st = runtime_state.current()
     _check_request(model, st, device)
-    block_list = find_blocks(model, blocks)
     model = apply_converters(model, dtype=dtype)
     rank0_weights = _rank0_state_dict(model, st) if load_state_dict_from_rank0 else None
+    block_list = find_blocks(model, blocks)  # after converters, which may swap modules
     # Tensor / expert parallelism, then activation checkpointing / offloading, belong here, in
     # that order; this build rejects them in _check_request.
     model = _apply_data_parallel(model, st, block_list)
