@@ -256,7 +256,7 @@ def replicate_non_tp_parameters(
                 replaced[id(param)] = nn.Parameter(value, requires_grad=param.requires_grad)
             module.register_parameter(param_name, replaced[id(param)])
             names.append(f"{module_name}.{param_name}" if module_name else param_name)
-        _compute_on_local_tensors(module)
+        _compute_on_local_tensors(module, [param_name for param_name, _ in own])
     return names
 
 
@@ -271,24 +271,28 @@ def _check_outside_regions(name: str, module: nn.Module, regions: tuple[str, ...
             )
 
 
-def _compute_on_local_tensors(module: nn.Module) -> None:
-    if getattr(module, "_meshtrain_local_params", False):
+def _compute_on_local_tensors(module: nn.Module, names: list[str]) -> None:
+    known = getattr(module, "_meshtrain_local_params", None)
+    if known is not None:
+        known.extend(name for name in names if name not in known)
         return
+    module._meshtrain_local_params = list(names)
     module.register_forward_pre_hook(_swap_in_local_parameters)
     module.register_forward_hook(_swap_out_local_parameters, always_call=True)
-    module._meshtrain_local_params = True
 
 
 def _swap_in_local_parameters(module: nn.Module, _args: tuple) -> None:
     # An instance attribute wins over nn.Module.__getattr__ (which serves _parameters), so the
-    # forward sees local tensors while named_parameters/state_dict keep the DTensors.
-    for name, param in module._parameters.items():
+    # forward sees local tensors while named_parameters/state_dict keep the DTensors. Only the
+    # parameters replicated here: a style's own (sharded) parameters keep their DTensor compute.
+    for name in module._meshtrain_local_params:
+        param = module._parameters.get(name)
         if isinstance(param, DTensor):
             module.__dict__[name] = param.to_local()
 
 
 def _swap_out_local_parameters(module: nn.Module, _args: tuple, _output: Any) -> None:
-    for name in module._parameters:
+    for name in module._meshtrain_local_params:
         module.__dict__.pop(name, None)
 
 
@@ -333,7 +337,6 @@ def region_seed(random_seed: int, tp_rank: int, region_index: int, forward_index
 @dataclass
 class _ForwardCounter:
     value: int = -1
-    handles: list[Any] = field(default_factory=list)
 
     def bump(self, _module: nn.Module, _args: tuple) -> None:
         self.value += 1
