@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from meshtrain.errors import ConfigError, JobFailedError
+from meshtrain.plan.cli import register as register_plan
 
 
 def _json_arg(text: str) -> dict:
@@ -72,12 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_job_commands(sub)
-    try:
-        from meshtrain.plan.cli import register
-    except ImportError:  # the planner is an optional part of a partial install
-        pass
-    else:
-        register(sub)
+    register_plan(sub)
     return parser
 
 

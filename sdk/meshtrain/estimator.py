@@ -30,6 +30,11 @@ class Estimator:
     The arguments are those of the SageMaker Python SDK's ``sagemaker.pytorch.PyTorch``;
     ``instance_type="local"`` runs the hosts as local processes, ``ml.*`` on Amazon SageMaker.
     Everything is validated here, before any job directory, process or request exists.
+
+    meshtrain additions: with ``plan_model`` (a preset such as ``"llama2-70b"``, a config.json
+    path or an HF config dict) and ``preflight=True``, ``fit()`` first estimates the memory of
+    the layout asked for and refuses one that cannot fit, showing a layout that would
+    (``plan_options``: ``seq_len``, ``micro_batch``, ``precision``, ... of ``meshtrain.plan``).
     """
 
     def __init__(
@@ -58,6 +63,9 @@ class Estimator:
         container_log_level: int = 20,
         framework_version: str | None = None,
         py_version: str | None = None,
+        preflight: bool = True,
+        plan_model: Any = None,
+        plan_options: dict[str, Any] | None = None,
         **backend_options: Any,
     ) -> None:
         self.source_dir, self.entry_point = check_entry_point(entry_point, source_dir)
@@ -84,6 +92,8 @@ class Estimator:
         self.tags, self.metric_definitions = list(tags or []), list(metric_definitions or [])
         self.container_log_level = container_log_level
         self.framework_version, self.py_version = framework_version, py_version
+        self.preflight, self.plan_model = preflight, plan_model
+        self.plan_options = dict(plan_options or {})
         self.backend_options = check_backend_options(instance_type, backend_options)
         self._backend: Backend | None = None
         self.latest_training_job: TrainingJob | None = None
@@ -119,11 +129,26 @@ class Estimator:
     ) -> TrainingJob:
         """Start a training job; with `wait`, block until it ends (raising JobFailedError)."""
         spec = self.build_spec(inputs, job_name)
+        self.check_fits()
         self.backend.validate(spec)
         self.latest_training_job = self.backend.submit(spec)
         if wait:
             self.latest_training_job.wait(logs=logs)
         return self.latest_training_job
+
+    def check_fits(self) -> None:
+        """Pre-flight: raise ConfigError if the layout cannot fit (needs `plan_model`)."""
+        if not self.preflight or self.plan_model is None:
+            return
+        from meshtrain.plan.preflight import preflight
+
+        try:
+            preflight(self.distribution_config, model=self.plan_model,
+                      instance_type=self.instance_type, instance_count=self.instance_count,
+                      processes_per_host=self.distribution_config.torch_distributed
+                      .processes_per_host, **self.plan_options)
+        except TypeError as error:
+            raise ConfigError(f"plan_options: {error}. See meshtrain.plan.preflight.") from None
 
     @property
     def model_data(self) -> str | None:

@@ -121,3 +121,35 @@ def test_parameters_json_path_is_inlined_into_the_spec(source, tmp_path):
     assert spec.distribution["smdistributed"]["modelparallel"]["parameters"] == {
         "hybrid_shard_degree": 2}
     assert spec.distribution_hyperparameters()["mp_parameters"] == {"hybrid_shard_degree": 2}
+
+
+def test_preflight_refuses_a_layout_that_cannot_fit_before_any_request(source, jobs_dir):
+    no_sharding = {"torch_distributed": {"enabled": True}, "smdistributed": {"modelparallel": {
+        "enabled": True, "parameters": {"hybrid_shard_degree": 1}}}}
+    estimator = Estimator("train.py", source_dir=str(source), instance_type="ml.p4d.24xlarge",
+                          role="arn:aws:iam::123456789012:role/Trainer", distribution=no_sharding,
+                          plan_model="llama2-70b")
+    with pytest.raises(ConfigError) as info:
+        estimator.fit(wait=False)
+    assert "hybrid_shard_degree" in str(info.value)
+    assert estimator._backend is None  # refused before the SageMaker backend even existed
+    estimator.preflight = False  # opting out skips the estimate
+    estimator.check_fits()
+
+
+def test_preflight_accepts_a_layout_that_fits(source):
+    sharded = {"torch_distributed": {"enabled": True}, "smdistributed": {"modelparallel": {
+        "enabled": True, "parameters": {"hybrid_shard_degree": 8}}}}
+    estimator = Estimator("train.py", source_dir=str(source), instance_type="ml.p4d.24xlarge",
+                          role="arn:aws:iam::123456789012:role/Trainer", distribution=sharded,
+                          plan_model="llama2-7b", plan_options={"seq_len": 2048})
+    estimator.check_fits()
+
+
+def test_unknown_plan_option_is_a_config_error(source):
+    estimator = Estimator("train.py", source_dir=str(source), plan_model="llama2-7b",
+                          instance_type="ml.p4d.24xlarge",
+                          role="arn:aws:iam::123456789012:role/Trainer",
+                          plan_options={"sequence_length": 10})
+    with pytest.raises(ConfigError, match="plan_options"):
+        estimator.check_fits()

@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, help="candidates to show (0: all)")
     out.add_argument("--json", action="store_true", help="machine-readable output")
+    out.add_argument("--strict", action="store_true",
+                     help="exit with status 1 when no layout fits (default: 0 once the plan is "
+                          "printed; the plan itself says whether anything fits)")
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -127,7 +130,7 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """Handler of `meshtrain plan`: print the plan; 0 if a layout fits, 1 if none does."""
+    """Handler of `meshtrain plan`: print the plan; exit 0, or 1 with --strict if nothing fits."""
     plan, build = build_plan(args)
     top = None if args.top == 0 else args.top
     best = plan.best
@@ -146,7 +149,7 @@ def run_plan(args: argparse.Namespace) -> int:
             count, bigger_plan = bigger
             console.print(f"With {count} nodes of this kind, {short_layout(bigger_plan.best)} "
                           f"fits: {bigger_plan.best.describe()}.")  # type: ignore[union-attr]
-    return 0 if best is not None else 1
+    return 1 if best is None and args.strict else 0
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
