@@ -175,10 +175,11 @@ class Estimator:
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **backend_options: Any) -> Estimator:
-        entry = str(Path(spec.source_dir) / spec.entry_point)
+        """An Estimator that would submit `spec` again (a script-only source stays one)."""
+        keep = spec.source_dir.startswith("s3://") or Path(spec.source_dir).is_dir()
         return cls(
-            entry_point=spec.entry_point if Path(spec.source_dir).is_dir() else entry,
-            source_dir=spec.source_dir if Path(spec.source_dir).is_dir() else None,
+            entry_point=spec.entry_point if keep else spec.source_dir,
+            source_dir=spec.source_dir if keep else None,
             hyperparameters=spec.hyperparameters, instance_type=spec.instance_type,
             instance_count=spec.instance_count, distribution=spec.distribution, role=spec.role,
             image_uri=spec.image_uri, output_path=spec.output_path,

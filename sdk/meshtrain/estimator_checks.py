@@ -22,6 +22,12 @@ def check_entry_point(entry_point: str, source_dir: str | None) -> tuple[str, st
     """Return (source, entry point relative to it); source is a directory or the script itself."""
     if not isinstance(entry_point, str) or not entry_point:
         raise ConfigError("entry_point must be the path of a training script, e.g. 'train.py'.")
+    if isinstance(source_dir, str) and source_dir.startswith("s3://"):
+        # The code is already in S3 (SageMaker jobs only, as Estimator.attach rebuilds them).
+        if Path(entry_point).is_absolute() or ".." in Path(entry_point).parts:
+            raise ConfigError(f"entry_point={entry_point!r} must be a path inside the "
+                              f"source tarball {source_dir}, e.g. 'train.py'.")
+        return source_dir, Path(entry_point).as_posix()
     if source_dir is None:
         script = Path(entry_point).resolve()
         if not script.is_file():

@@ -135,3 +135,12 @@ def test_plain_script_without_torchrun_runs_once_per_host(home):
                           hyperparameters={"a": 1})
     estimator.fit(logs=False)
     assert members(estimator.model_data) == {"algo-1.txt": b"-a 1", "algo-2.txt": b"-a 1"}
+
+
+def test_script_without_source_dir_runs_and_reattaches(home, monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    estimator = Estimator("plain_script.py", hyperparameters={"b": 2})
+    estimator.fit(logs=False)
+    assert members(estimator.model_data) == {"algo-1.txt": b"-b 2"}
+    again = Estimator.attach(estimator.latest_training_job.job_name)
+    assert again.build_spec().source_dir == str(SCRIPTS / "plain_script.py")

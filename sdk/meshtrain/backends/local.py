@@ -35,6 +35,9 @@ class LocalBackend:
         if spec.instance_type == "local_gpu" and spec.instance_count > 1:
             raise ConfigError("instance_type='local_gpu' runs one host: set instance_count=1 "
                               "(as SageMaker local mode requires).")
+        if spec.source_dir.startswith("s3://"):
+            raise ConfigError(f"source_dir={spec.source_dir}: local jobs pack a local directory "
+                              "or script. Download and unpack the tarball, or run on SageMaker.")
         for name in ("checkpoint_s3_uri", "max_wait"):
             if getattr(spec, name):
                 raise ConfigError(f"{name} is not supported by local jobs: remove it or run on "
@@ -59,9 +62,7 @@ class LocalBackend:
         job_dir = self.job_directory(spec.job_name)
         job_dir.root.mkdir(parents=True)
         job_dir.spec_file.write_text(spec.to_json())
-        source = Path(spec.source_dir)
-        entry = source / spec.entry_point
-        write_sourcedir_tarball(source if source.is_dir() else entry, job_dir.sourcedir_tarball,
+        write_sourcedir_tarball(Path(spec.source_dir), job_dir.sourcedir_tarball,
                                 [Path(d) for d in spec.dependencies])
         for host in spec.hosts:
             prepare_host(spec, job_dir, host)
