@@ -116,6 +116,8 @@ def train(paths: OptMLPaths) -> int:
     contract = HostContract.read(paths)
     if not contract.entry_point:
         raise ConfigError("hyperparameters.json has no sagemaker_program: nothing to run.")
+    for directory in (paths.model_dir, paths.output_data_dir, paths.checkpoints_dir):
+        directory.mkdir(parents=True, exist_ok=True)  # SageMaker creates them for the script
     script = provision_code(contract)
     error_dir = Path(tempfile.mkdtemp(prefix="meshtrain-rank-errors-"))
     command = build_command(contract, script)

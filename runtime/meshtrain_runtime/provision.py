@@ -14,21 +14,21 @@ class ProvisionError(RuntimeError):
     """The user's code could not be made ready (a user error: exit code 1)."""
 
 
-def _download_s3(uri: str, destination: Path) -> Path:
+def _download_s3(uri: str, destination: Path, region: str | None) -> Path:
     import boto3  # only on SageMaker-style hosts
 
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     target = destination / "sourcedir.tar.gz"
-    boto3.client("s3").download_file(bucket, key, str(target))
+    boto3.client("s3", region_name=region).download_file(bucket, key, str(target))
     return target
 
 
-def fetch_submit_directory(submit: str, scratch: Path) -> Path | None:
+def fetch_submit_directory(submit: str, scratch: Path, region: str | None = None) -> Path | None:
     """A local path to the tarball (or directory) named by sagemaker_submit_directory."""
     if not submit:
         return None
     if submit.startswith("s3://"):
-        return _download_s3(submit, scratch)
+        return _download_s3(submit, scratch, region)
     return Path(submit.removeprefix("file://"))
 
 
@@ -38,7 +38,8 @@ def provision_code(contract: HostContract) -> Path:
     code_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         source = fetch_submit_directory(
-            str(contract.reserved.get("sagemaker_submit_directory", "")), Path(scratch))
+            str(contract.reserved.get("sagemaker_submit_directory", "")), Path(scratch),
+            contract.reserved.get("sagemaker_region"))
         if source is not None and source.is_file():
             try:
                 safe_extract(source, code_dir)

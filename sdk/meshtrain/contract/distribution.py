@@ -56,6 +56,9 @@ class SMPParameters(_Strict):
     mixed_precision: MixedPrecision | None = None
     cpu_offload: bool = False
     sequence_parallel: bool = False
+    loss_parallel: bool = False
+    """With tensor parallelism: keep logits vocab-sharded; the loss runs in torch's
+    ``loss_parallel()`` context."""
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
