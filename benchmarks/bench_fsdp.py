@@ -3,7 +3,7 @@
 One command (it starts torchrun itself):
 
     python benchmarks/bench_fsdp.py                      # 2 ranks, full sharding
-    python benchmarks/bench_fsdp.py --nproc 4 --hybrid-shard-degree 2
+    python benchmarks/bench_fsdp.py --ranks 4 --hybrid-shard-degree 2
 
 A = a tiny-but-not-trivial HF Llama after ``transform()``; B = the same model, same seed, with
 ``fully_shard`` applied by hand in the same layout (embedding, each decoder layer, the output
@@ -27,7 +27,7 @@ from pathlib import Path
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc", type=int, default=2, help="ranks (processes) to start")
+    parser.add_argument("--ranks", type=int, default=2, help="processes to start")
     parser.add_argument("--hybrid-shard-degree", type=int, default=0, help="0 = all ranks")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved A/B rounds")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per round and model")
@@ -41,10 +41,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    """Start this file on `--nproc` ranks under meshtrain's rank entry (clean exits)."""
+    """Start this file on `--ranks` processes under meshtrain's rank entry (clean exits)."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={args.nproc}", "-m", "meshtrain_runtime.rank_entry",
+        f"--nproc-per-node={args.ranks}", "-m", "meshtrain_runtime.rank_entry",
         str(Path(__file__).resolve()), *argv, "--worker",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
