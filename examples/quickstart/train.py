@@ -40,11 +40,13 @@ class TinyLM(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Next-token cross-entropy of `tokens` against `targets`."""
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
-        return self.head(self.norm(x))
+        logits = self.head(self.norm(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def synthetic_batch(step: int, dp_rank: int, batch: int, seq: int, vocab: int) -> torch.Tensor:
@@ -69,8 +71,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     for step in range(args.steps):
         tokens = synthetic_batch(step, state.dp_rank, args.batch_size, args.seq_len, vocab)
-        logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
