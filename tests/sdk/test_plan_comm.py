@@ -67,20 +67,32 @@ def test_tensor_parallel_per_layer_all_reduces():
     fp32 = Training(seq_len=32, micro_batch=2, precision="fp32")
     v = _volumes(LLAMA, 2, fp32, hybrid_shard_degree=1, tensor_parallel_degree=2)
     message = 4 * 64 * 64  # fp32 x (b s) x h
-    per_layer = 4 * (2 * 1 / 2 * message)  # 2 forward + 2 backward all-reduces
+    all_reduce = 2 * 1 / 2 * message
+    per_layer = 4 * all_reduce             # 2 forward + 2 backward all-reduces
     logits = 1 / 2 * 4 * 64 * 128         # the head gathers its (b, s, V/t) logits
-    head_grad = 2 * 1 / 2 * message        # and all-reduces its input gradient
-    assert v.tensor_parallel == 2 * per_layer + logits + head_grad == 163_840
+    head_grad = all_reduce                 # and all-reduces its input gradient
+    embedding = all_reduce                 # the vocab-parallel embedding all-reduces its output
+    # (the runtime's tp=2 run does 5 + 5 all-reduces and one logits gather: the calibration in
+    # tests/runtime/test_plan_calibration_multiprocess.py)
+    assert v.tensor_parallel == 2 * per_layer + logits + head_grad + embedding == 180_224
     sp = _volumes(LLAMA, 2, fp32, hybrid_shard_degree=1, tensor_parallel_degree=2,
                   sequence_parallel=True)
     assert sp.tensor_parallel == v.tensor_parallel  # AG + RS move what an all-reduce moves
     degrees = resolve_degrees(SMPParameters(hybrid_shard_degree=1, tensor_parallel_degree=2), 2)
     split = communication_volumes(LLAMA, degrees, fp32, loss_parallel=True)
-    assert split.tensor_parallel == 2 * per_layer + head_grad  # logits stay vocab-split
+    assert split.tensor_parallel == 2 * per_layer + head_grad + embedding  # logits vocab-split
     recomputed = _volumes(LLAMA, 2, fp32, recompute=True, hybrid_shard_degree=1,
                           tensor_parallel_degree=2)
-    # full recomputation repeats the 2 forward all-reduces: 6 per layer
-    assert recomputed.tensor_parallel == 2 * 6 * (2 * 1 / 2 * message) + logits + head_grad
+    # torch's checkpoint stops once backward's last saved tensor is rebuilt: a recomputed layer
+    # repeats the attention's all-reduce, not the MLP's (its output feeds only the residual add)
+    ends = logits + head_grad + embedding
+    assert recomputed.tensor_parallel == 2 * 5 * all_reduce + ends
+    sp_recomputed = communication_volumes(LLAMA, degrees, fp32, recompute=True,
+                                          sequence_parallel=True)
+    # with sequence parallelism: both all-gathers and the attention's reduce-scatter
+    assert sp_recomputed.tensor_parallel == 2 * (4 * all_reduce + 3 * message / 2) + ends
+    half = communication_volumes(LLAMA, degrees, fp32, recompute=0.5)
+    assert half.tensor_parallel == 2 * 4.5 * all_reduce + ends  # every other layer
 
 
 def test_expert_all_to_all():

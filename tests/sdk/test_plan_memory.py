@@ -51,8 +51,11 @@ def test_zero_stages_by_hand():
     (ParamGroup("w", (10, 4)), 1, 1, 4, 3 * 4),              # FSDP2 pads: ceil(10/4) rows
     (ParamGroup("w", (10, 4), tp_dim=0), 2, 1, 4, 2 * 4),     # colwise: (5, 4), ceil(5/4) = 2
     (ParamGroup("w", (10, 4), tp_dim=1), 2, 1, 4, 3 * 2),     # rowwise: (10, 2), 3 rows
-    (ParamGroup("e", (8, 6, 4), expert=True), 1, 2, 8, 1 * 6 * 4),   # 4 local experts / 4 ranks
-    (ParamGroup("e", (8, 6, 4), expert=True), 1, 1, 16, 8 * 1 * 4),  # 8 experts < 16: dim 1
+    # Experts as the runtime's shard_experts_with_fsdp places them: dim 1 when it divides by
+    # the shard / ep ranks, else dim 0 (padded).
+    (ParamGroup("e", (8, 6, 4), expert=True), 1, 2, 8, 1 * 6 * 4),   # 6 % 4: 4 experts / 4 ranks
+    (ParamGroup("e", (8, 6, 4), expert=True), 1, 1, 16, 1 * 6 * 4),  # 6 % 16: ceil(8/16) = 1
+    (ParamGroup("e", (8, 16, 4), expert=True), 1, 2, 8, 4 * 4 * 4),  # dim 1: 16 / 4 ranks
 ])
 def test_group_shard_elements(group, tp, ep, shard, expected):
     assert group_shard_elements(group, tp=tp, ep=ep, shard=shard) == expected
@@ -62,14 +65,15 @@ def test_tiny_llama_tp2_shard2_by_hand():
     # Per layer: q (64,64) col -> (32,64) -> 16 rows: 1024; k, v (32,64) -> (16,64) -> 512 each;
     # o (64,64) row -> (64,32) -> 32 rows: 1024; two norms 32 each; gate, up (160,64) col ->
     # (80,64) -> 40 rows: 2560 each; down (64,160) row -> (64,80) -> 2560. Layer: 10816.
-    # Embedding (128,64) replicated over TP -> 64 rows: 4096; final norm 32; lm_head col: 2048.
-    elements = 2 * 10816 + 4096 + 32 + 2048
+    # Embedding (128,64) vocab-parallel (the runtime's TP splits it over the vocabulary) ->
+    # (64,64) -> 32 rows: 2048; final norm 32; lm_head col: 2048.
+    elements = 2 * 10816 + 2048 + 32 + 2048
     assert local_param_elements(TINY, tensor_parallel_degree=2, shard_degree=2) == elements
     degrees = resolve_degrees(SMPParameters(hybrid_shard_degree=2, tensor_parallel_degree=2), 4)
     states = model_state_bytes(TINY, degrees, Training())
     assert (states.parameters, states.gradients, states.optimizer_states) == (
         2 * elements, 2 * elements, 12 * elements)
-    assert states.total == 16 * 27808
+    assert states.total == 16 * 25760
 
 
 def test_no_shard_holds_everything_and_cpu_offload_nothing():
@@ -99,7 +103,7 @@ def test_sharding_partitions_the_model(heads, kv_div, layers, shard, tp):
     kv = model.num_key_value_heads
     if kv % tp:
         return
-    replicated = model.hidden_size * (2 * layers + 1) + model.vocab_size * model.hidden_size
+    replicated = model.hidden_size * (2 * layers + 1)  # the norms (the embedding is split)
     per_rank = local_param_elements(model, tensor_parallel_degree=tp, shard_degree=shard)
     assert per_rank * shard * tp == model.num_params + (tp - 1) * replicated
     more = local_param_elements(model, tensor_parallel_degree=tp, shard_degree=2 * shard)

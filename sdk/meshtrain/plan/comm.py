@@ -8,13 +8,18 @@ Ring algorithms (what NCCL and gloo run), for a message of M bytes over n ranks,
 Per step (one micro-batch each, as the runtime runs it):
 
 - FSDP: all-gather the compute-dtype parameters in forward, and again in backward when units
-  reshard after forward (full_shard, hybrid_shard; the output head never does); reduce-scatter
+  reshard after forward (full_shard, hybrid_shard; the output head and the root never do:
+  FSDP2 keeps the root unit gathered from forward to backward); reduce-scatter
   fp32 gradients; with replicas, all-reduce the gradient shards over the replicate group.
   Expert tensors do this over ``shard / ep`` ranks.
 - Tensor parallelism, per layer: 2 all-reduces of the (b, s, h) activations in forward and 2 in
   backward, or with sequence parallelism an all-gather and a reduce-scatter in place of each
-  (the same volume); full recomputation repeats the forward ones. The HF output head gathers
-  the logits (b, s, V / t each) in forward and all-reduces its input gradient in backward.
+  (the same volume). Full recomputation repeats the forward ones up to the last tensor backward
+  needs: torch's non-reentrant checkpoint stops there, so the MLP's output collective (read only
+  by the residual add, which saves nothing) is not repeated: one more all-reduce per layer, or
+  with sequence parallelism two all-gathers and a reduce-scatter. The HF output head gathers
+  the logits (b, s, V / t each) in forward and all-reduces its input gradient in backward; the
+  vocab-parallel input embedding all-reduces its output in forward.
 - Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward.
 - Context parallelism ("all_gather" type), per layer: all-gather k and v in forward,
   reduce-scatter their gradients in backward.
@@ -71,33 +76,36 @@ class CommVolumes:
 
 
 def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, float, float]:
-    """(non-expert, expert, output-head) parameter elements on one rank before FSDP."""
+    """(non-expert, expert, head and root) parameter elements on one rank before FSDP."""
     tp, ep = degrees.tensor_parallel_degree, degrees.expert_parallel_degree
-    dense = expert = head = 0.0
+    dense = expert = gathered_once = 0.0
     for group in param_groups(model):
         numel = math.prod(local_shape(group, tp, ep)) * group.count
         if group.expert:
             expert += numel
         else:
             dense += numel
-            head += numel if group.unit == "head" else 0.0
-    return dense, expert, head
+            gathered_once += numel if group.unit in ("head", "root") else 0.0
+    return dense, expert, gathered_once
 
 
 def communication_volumes(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, *, recompute: bool = False,
-    loss_parallel: bool = False,
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, *,
+    recompute: bool | float = False, loss_parallel: bool = False, sequence_parallel: bool = False,
 ) -> CommVolumes:
     """Bytes one GPU sends per step under `degrees` (see the module docstring).
 
+    `recompute`: the fraction of layers under full activation checkpointing (True: all).
     `loss_parallel`: the head's logits stay split over the vocabulary (no gather).
+    `sequence_parallel`: changes only what a recomputed layer repeats.
     """
-    dense, expert, head = _local_elements(model, degrees)
+    recompute = float(recompute)
+    dense, expert, once = _local_elements(model, degrees)
     c, r = training.compute_bytes, REDUCE_BYTES
     shard, rep = degrees.hybrid_shard_degree, degrees.replicate_degree
     expert_shard = shard // degrees.expert_parallel_degree
     gathers = 2 if degrees.reshard_after_forward else 1
-    all_gather = (all_gather_bytes(shard, (gathers * (dense - head) + head) * c)
+    all_gather = (all_gather_bytes(shard, (gathers * (dense - once) + once) * c)
                   + all_gather_bytes(expert_shard, gathers * expert * c))
     reduce_scatter = reduce_scatter_bytes(shard, dense * r) + reduce_scatter_bytes(
         expert_shard, expert * r)
@@ -107,7 +115,8 @@ def communication_volumes(
         fsdp_all_gather=all_gather,
         fsdp_reduce_scatter=reduce_scatter,
         data_parallel_all_reduce=all_reduce,
-        tensor_parallel=_tensor_parallel(model, degrees, training, recompute, loss_parallel),
+        tensor_parallel=_tensor_parallel(model, degrees, training, recompute, loss_parallel,
+                                         sequence_parallel),
         expert_all_to_all=_expert_parallel(model, degrees, training, recompute),
         context_parallel=_context_parallel(model, degrees, training, recompute),
     )
@@ -118,32 +127,37 @@ def _tokens(degrees: ResolvedDegrees, training: Training) -> int:
 
 
 def _tensor_parallel(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool,
-    loss_parallel: bool,
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: float,
+    loss_parallel: bool, sequence_parallel: bool,
 ) -> float:
     t = degrees.tensor_parallel_degree
     if t == 1:
         return 0.0
     message = training.compute_bytes * _tokens(degrees, training) * model.hidden_size
-    per_layer = (6 if recompute else 4) * all_reduce_bytes(t, message)
+    # What a recomputed layer repeats (see the module docstring): the attention's all-reduce,
+    # or with sequence parallelism both all-gathers and the attention's reduce-scatter.
+    repeated = 3 * all_gather_bytes(t, message) if sequence_parallel else all_reduce_bytes(
+        t, message)
+    per_layer = 4 * all_reduce_bytes(t, message) + recompute * repeated
     logits = 0.0 if loss_parallel else all_gather_bytes(
         t, training.compute_bytes * _tokens(degrees, training) * model.vocab_size)
-    return model.num_layers * per_layer + logits + all_reduce_bytes(t, message)
+    # The head's input gradient and the vocab-parallel embedding's output: one all-reduce each.
+    return model.num_layers * per_layer + logits + 2 * all_reduce_bytes(t, message)
 
 
 def _expert_parallel(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: float
 ) -> float:
     ep = degrees.expert_parallel_degree
     if ep == 1 or not model.is_moe:
         return 0.0
     routed = _tokens(degrees, training) * model.experts_per_token
     message = training.compute_bytes * routed * model.hidden_size
-    return model.num_layers * (6 if recompute else 4) * all_to_all_bytes(ep, message)
+    return model.num_layers * (4 + 2 * recompute) * all_to_all_bytes(ep, message)
 
 
 def _context_parallel(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: bool
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: float
 ) -> float:
     cp = degrees.context_parallel_degree
     if cp == 1:
@@ -151,7 +165,7 @@ def _context_parallel(
     kv_heads = model.num_key_value_heads / degrees.tensor_parallel_degree
     local_kv = 2 * training.compute_bytes * _tokens(degrees, training) * kv_heads \
         * model.attention_head_dim
-    per_layer = (3 if recompute else 2) * all_gather_bytes(cp, cp * local_kv)
+    per_layer = (2 + recompute) * all_gather_bytes(cp, cp * local_kv)
     return model.num_layers * per_layer
 
 

@@ -114,7 +114,10 @@ def estimate_layout(
         reserve=cluster.reserve_bytes,
     )
     recompute_fraction = acts.num_checkpointed / model.num_layers
-    volumes = communication_volumes(model, degrees, training, recompute=recompute_fraction > 0)
+    volumes = communication_volumes(
+        model, degrees, training, recompute=recompute_fraction,
+        sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
+    )
     flops = training_flops_per_gpu(model, degrees, training, recompute_fraction=recompute_fraction)
     return LayoutEstimate(parameters, degrees, memory, acts, volumes,
                           step_time(volumes, flops, degrees, cluster, training),

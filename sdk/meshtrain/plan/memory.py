@@ -132,14 +132,14 @@ def group_shard_elements(group: ParamGroup, *, tp: int, ep: int, shard: int) -> 
     """Elements one rank holds of one tensor of `group` (FSDP2-padded, so a maximum).
 
     Non-expert tensors are sharded on dim 0 over the `shard` group. Expert tensors (experts in
-    dim 0, split `ep` ways) are sharded over ``shard / ep`` ranks: on dim 0 when the local
-    experts divide evenly, else on dim 1 (torchtitan's placement).
+    dim 0, split `ep` ways) are sharded over ``shard / ep`` ranks: on dim 1 when it divides
+    evenly, else on dim 0 (the runtime's ``shard_experts_with_fsdp``, after torchtitan).
     """
     local = local_shape(group, tp, ep)
     if not group.expert:
         return _sharded_numel(local, 0, shard)
     expert_shard = shard // ep
-    dim = 0 if local[0] % expert_shard == 0 else 1
+    dim = 1 if local[1] % expert_shard == 0 else 0
     return _sharded_numel(local, dim, expert_shard)
 
 

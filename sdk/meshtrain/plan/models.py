@@ -126,8 +126,10 @@ def param_groups(model: ModelSpec) -> list[ParamGroup]:
 
     TP placement follows the model's Hugging Face tensor-parallel plan (``base_model_tp_plan``):
     projections into heads / the MLP are column-wise (dim 0), projections out row-wise (dim 1);
-    norms and the input embedding are replicated; the output head is column-wise. With only a
-    parameter count the whole model is one TP-splittable group (norms are < 0.1 %).
+    norms are replicated; the output head is column-wise and the input embedding is split over
+    the vocabulary (dim 0), as meshtrain's runtime adds them to the HF plan (vocab-parallel
+    embedding, Megatron's ``VocabParallelEmbedding``). With only a parameter count the whole
+    model is one TP-splittable group (norms are < 0.1 %).
     """
     if model.declared_num_params is not None:
         return [ParamGroup("params", (model.declared_num_params,), tp_dim=0)]
@@ -146,7 +148,7 @@ def _linear(name: str, out: int, inp: int, tp: str | None, bias: bool, n: int) -
 
 def _embeddings(model: ModelSpec, norm_params: int) -> list[ParamGroup]:
     h, v = model.hidden_size, model.vocab_size
-    groups = [ParamGroup("embed_tokens", (v, h), unit="embedding")]
+    groups = [ParamGroup("embed_tokens", (v, h), tp_dim=0, unit="embedding")]
     groups += [ParamGroup("final_norm", (h,), norm_params, unit="root")]
     if not model.tie_word_embeddings:
         groups.append(ParamGroup("lm_head", (v, h), tp_dim=0, unit="head"))
