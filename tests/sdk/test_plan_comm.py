@@ -75,10 +75,12 @@ def test_tensor_parallel_per_layer_all_reduces():
     # (the runtime's tp=2 run does 5 + 5 all-reduces and one logits gather: the calibration in
     # tests/runtime/test_plan_calibration_multiprocess.py)
     assert v.tensor_parallel == 2 * per_layer + logits + head_grad + embedding == 180_224
-    sp = _volumes(LLAMA, 2, fp32, hybrid_shard_degree=1, tensor_parallel_degree=2,
-                  sequence_parallel=True)
-    assert sp.tensor_parallel == v.tensor_parallel  # AG + RS move what an all-reduce moves
     degrees = resolve_degrees(SMPParameters(hybrid_shard_degree=1, tensor_parallel_degree=2), 2)
+    sp = communication_volumes(LLAMA, degrees, fp32, sequence_parallel=True)
+    # AG + RS move what an all-reduce moves; the 5 norm weights (2 per layer and the final one)
+    # see a sequence shard each, so their gradients are all-reduced too
+    norm_grads = 2 * 1 / 2 * 4 * 5 * 64
+    assert sp.tensor_parallel == v.tensor_parallel + norm_grads
     split = communication_volumes(LLAMA, degrees, fp32, loss_parallel=True)
     assert split.tensor_parallel == 2 * per_layer + head_grad + embedding  # logits vocab-split
     recomputed = _volumes(LLAMA, 2, fp32, recompute=True, hybrid_shard_degree=1,
@@ -90,7 +92,8 @@ def test_tensor_parallel_per_layer_all_reduces():
     sp_recomputed = communication_volumes(LLAMA, degrees, fp32, recompute=True,
                                           sequence_parallel=True)
     # with sequence parallelism: both all-gathers and the attention's reduce-scatter
-    assert sp_recomputed.tensor_parallel == 2 * (4 * all_reduce + 3 * message / 2) + ends
+    assert sp_recomputed.tensor_parallel == 2 * (4 * all_reduce + 3 * message / 2) + ends \
+        + norm_grads
     half = communication_volumes(LLAMA, degrees, fp32, recompute=0.5)
     assert half.tensor_parallel == 2 * 4.5 * all_reduce + ends  # every other layer
 

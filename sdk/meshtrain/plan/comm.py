@@ -19,7 +19,9 @@ Per step (one micro-batch each, as the runtime runs it):
   by the residual add, which saves nothing) is not repeated: one more all-reduce per layer, or
   with sequence parallelism two all-gathers and a reduce-scatter. The HF output head gathers
   the logits (b, s, V / t each) in forward and all-reduces its input gradient in backward; the
-  vocab-parallel input embedding all-reduces its output in forward.
+  vocab-parallel input embedding all-reduces its output in forward. With sequence parallelism
+  the gradients of the vectors TP keeps whole (norm weights, row-wise biases) are partial sums
+  over the sequence shards: one more all-reduce of their size.
 - Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward.
 - Context parallelism ("all_gather" type), per layer: all-gather k and v in forward,
   reduce-scatter their gradients in backward.
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
-from meshtrain.plan.memory import REDUCE_BYTES, Training, local_shape
+from meshtrain.plan.memory import REDUCE_BYTES, Training, group_shard_elements
 from meshtrain.plan.models import ModelSpec, param_groups
 
 
@@ -76,11 +78,14 @@ class CommVolumes:
 
 
 def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, float, float]:
-    """(non-expert, expert, head and root) parameter elements on one rank before FSDP."""
+    """(non-expert, expert, head and root) parameter elements on one rank before FSDP, as FSDP2
+    gathers and reduces them: padded to ``shard x ceil(rows / shard)`` rows."""
     tp, ep = degrees.tensor_parallel_degree, degrees.expert_parallel_degree
+    shard = degrees.hybrid_shard_degree
     dense = expert = gathered_once = 0.0
     for group in param_groups(model):
-        numel = math.prod(local_shape(group, tp, ep)) * group.count
+        group_shard = shard // ep if group.expert else shard
+        numel = group_shard * group_shard_elements(group, tp=tp, ep=ep, shard=shard) * group.count
         if group.expert:
             expert += numel
         else:
@@ -97,7 +102,8 @@ def communication_volumes(
 
     `recompute`: the fraction of layers under full activation checkpointing (True: all).
     `loss_parallel`: the head's logits stay split over the vocabulary (no gather).
-    `sequence_parallel`: changes only what a recomputed layer repeats.
+    `sequence_parallel`: changes what a recomputed layer repeats and all-reduces the gradients
+    of the vectors TP keeps whole.
     """
     recompute = float(recompute)
     dense, expert, once = _local_elements(model, degrees)
@@ -142,7 +148,14 @@ def _tensor_parallel(
     logits = 0.0 if loss_parallel else all_gather_bytes(
         t, training.compute_bytes * _tokens(degrees, training) * model.vocab_size)
     # The head's input gradient and the vocab-parallel embedding's output: one all-reduce each.
-    return model.num_layers * per_layer + logits + 2 * all_reduce_bytes(t, message)
+    ends = logits + 2 * all_reduce_bytes(t, message)
+    if sequence_parallel:
+        # Norm weights and other vectors TP keeps whole see only their sequence shard: their
+        # gradients are partial sums, all-reduced over the TP group.
+        vectors = sum(g.numel * g.count for g in param_groups(model)
+                      if g.tp_dim is None and not g.expert and len(g.shape) == 1)
+        ends += all_reduce_bytes(t, training.compute_bytes * vectors)
+    return model.num_layers * per_layer + ends
 
 
 def _expert_parallel(
