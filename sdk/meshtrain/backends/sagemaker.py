@@ -20,7 +20,12 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from meshtrain.backends.sagemaker_checks import ROLE_ARN, check_training_job, parse_s3_uri
+from meshtrain.backends.sagemaker_checks import (
+    ROLE_ARN,
+    check_training_job,
+    parse_s3_uri,
+    resolve_image_uri,
+)
 from meshtrain.backends.sagemaker_job import SageMakerTrainingJob
 from meshtrain.backends.sagemaker_options import SageMakerOptions, build_options
 from meshtrain.backends.sagemaker_request import (
@@ -35,21 +40,11 @@ from meshtrain.contract.jobspec import JobSpec
 from meshtrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-IMAGE_REPOSITORY = "meshtrain"
 LOGS_CLIENT_CONFIG = Config(retries={"max_attempts": 15, "mode": "standard"})  # as the SDK
 
 
 def _error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
-
-
-def default_image_uri(account: str, region: str) -> str:
-    """meshtrain's image (containers/Dockerfile) pushed to the account's ECR, tagged with the
-    installed meshtrain version: ``<account>.dkr.ecr.<region>.amazonaws.com/meshtrain:<v>``."""
-    from meshtrain import __version__
-
-    domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
-    return f"{account}.dkr.ecr.{region}.{domain}/{IMAGE_REPOSITORY}:{__version__}"
 
 
 class SageMakerBackend:
@@ -143,7 +138,7 @@ class SageMakerBackend:
         # output_path's bucket or code_location, and the default bucket is never touched.
         bucket = self.ensure_default_bucket() if spec.output_path is None else ""
         output_path = spec.output_path or default_output_path(bucket)
-        image = spec.image_uri or default_image_uri(self.account_id(), region)
+        image = resolve_image_uri(spec.image_uri)
         code_uri = code_uri_for(spec, self.options, bucket)
         derived = bool(bucket) and self.options.default_bucket is None
         owner = self.account_id() if derived and code_uri.startswith(f"s3://{bucket}/") else None

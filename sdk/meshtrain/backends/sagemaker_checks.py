@@ -6,6 +6,7 @@ argument, the limit and the fix.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -25,6 +26,7 @@ MAX_HYPERPARAMETERS, MAX_HP_KEY, MAX_HP_VALUE = 100, 256, 2500
 MAX_ENV, MAX_ENV_KEY, MAX_ENV_VALUE = 100, 512, 512
 MAX_TAGS, MAX_METRICS, MAX_CHANNELS = 50, 40, 20
 MAX_RUN_SECONDS = 28 * 24 * 3600
+IMAGE_URI_ENV = "MESHTRAIN_IMAGE_URI"
 INPUT_MODES = ("File", "Pipe", "FastFile")
 PLACEHOLDER_ACCOUNT = "0" * 12  # an account id always has 12 digits: lengths stay exact
 
@@ -187,14 +189,27 @@ def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
 
 
 def check_resources(spec: JobSpec) -> None:
-    """Input mode, volume size and image URI length."""
+    """Input mode, volume size and the image URI."""
     if spec.input_mode not in INPUT_MODES:
         raise ConfigError(f"input_mode={spec.input_mode!r} is not one of {', '.join(INPUT_MODES)}.")
     if spec.volume_size < 0:
         raise ConfigError(f"volume_size={spec.volume_size} GB must be >= 0.")
-    if spec.image_uri is not None and not 1 <= len(spec.image_uri) <= 255:
-        raise ConfigError(f"image_uri is {len(spec.image_uri)} characters; SageMaker allows "
-                          "1-255.")
+    image = resolve_image_uri(spec.image_uri)
+    if not 1 <= len(image) <= 255:
+        raise ConfigError(f"image_uri is {len(image)} characters; SageMaker allows 1-255.")
+
+
+def resolve_image_uri(image_uri: str | None) -> str:
+    """The training image: `image_uri`, else $MESHTRAIN_IMAGE_URI (meshtrain's image from
+    containers/, pushed to the user's own repository); neither is a ConfigError."""
+    image = image_uri or os.environ.get(IMAGE_URI_ENV)
+    if not image:
+        raise ConfigError(
+            "image_uri is required for SageMaker jobs: pass the URI of a training image (an AWS "
+            "PyTorch training image, or meshtrain's image built from containers/Dockerfile and "
+            f"pushed to your repository), or set {IMAGE_URI_ENV} to it once."
+        )
+    return image
 
 
 def check_training_job(spec: JobSpec, options: SageMakerOptions, region: str | None) -> None:

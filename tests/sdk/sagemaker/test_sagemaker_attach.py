@@ -9,7 +9,7 @@ from sagemaker_moto import DEFAULT_BUCKET, ROLE
 from meshtrain import ConfigError, Estimator
 from meshtrain.backends.sagemaker_job import SageMakerTrainingJob
 
-IMAGE = "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311"
+IMAGE = "pytorch-training:2.5.1-gpu-py311"
 SMP = {"torch_distributed": {"enabled": True},
        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
            "hybrid_shard_degree": 8, "tensor_parallel_degree": 2}}}}

@@ -11,7 +11,7 @@ from meshtrain import ConfigError, Estimator
 from meshtrain.backends.sagemaker import SageMakerBackend
 from meshtrain.contract.jobspec import JobSpec
 
-IMAGE = "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311"
+IMAGE = "pytorch-training:2.5.1-gpu-py311"
 SMP = {"torch_distributed": {"enabled": True}}
 
 
@@ -58,6 +58,7 @@ CASES = {
     "environment-value-too-long": ({"environment": {"TOKEN": "x" * 513}}, {},
                                    "values up to 512"),
     "image-uri-too-long": ({"image_uri": "x" * 256}, {}, "allows 1-255"),
+    "no-image": ({"image_uri": None}, {}, "image_uri is required for SageMaker jobs"),
 }
 
 
@@ -68,7 +69,8 @@ def build(source, arguments):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_invalid_argument_is_rejected_before_any_request(aws, source, case):
+def test_invalid_argument_is_rejected_before_any_request(aws, source, case, monkeypatch):
+    monkeypatch.delenv("MESHTRAIN_IMAGE_URI", raising=False)
     arguments, fit_arguments, message = CASES[case]
     fit_arguments = {"job_name": "valid-name", "wait": False, **fit_arguments}
     with pytest.raises(ConfigError) as error:

@@ -19,7 +19,7 @@ from meshtrain import Estimator, JobFailedError
 from meshtrain.backends.sagemaker import SageMakerBackend
 from meshtrain.backends.sagemaker_logs import LOG_GROUP
 
-IMAGE = "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311"
+IMAGE = "pytorch-training:2.5.1-gpu-py311"
 SMP = {"torch_distributed": {"enabled": True, "processes_per_host": 8},
        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
            "hybrid_shard_degree": 8, "tensor_parallel_degree": 2}}}}

@@ -20,9 +20,9 @@ from meshtrain import ConfigError, Estimator
 from meshtrain.backends.sagemaker_metrics import metric_definitions
 
 GOLDEN = Path(__file__).parent / "golden"
-DLC_IMAGE = ("763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:"
+DLC_IMAGE = ("pytorch-training:"
              "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker")
-SMP_IMAGE = ("658645717510.dkr.ecr.us-west-2.amazonaws.com/smdistributed-modelparallel:"
+SMP_IMAGE = ("smdistributed-modelparallel:"
              "2.4.1-gpu-py311-cu121")
 SMP = {"torch_distributed": {"enabled": True},
        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
@@ -75,7 +75,9 @@ def test_no_distribution_matches_the_sdk_encoding(aws, source):
     assert put.headers["x-amz-expected-bucket-owner"] == "123456789012"
 
 
-def test_torch_distributed_matches_the_sdk_encoding(aws, source, tmp_path):
+def test_torch_distributed_matches_the_sdk_encoding(aws, source, tmp_path, monkeypatch):
+    # no image_uri: the job uses meshtrain's image, named once by MESHTRAIN_IMAGE_URI
+    monkeypatch.setenv("MESHTRAIN_IMAGE_URI", f"meshtrain:{meshtrain.__version__}")
     lib = tmp_path / "mylib"
     lib.mkdir()
     (lib / "helpers.py").write_text("X = 1\n")
