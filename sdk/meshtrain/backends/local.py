@@ -145,6 +145,7 @@ class LocalTrainingJob(TrainingJob):
         except KeyboardInterrupt:
             self.stop()
             raise
+        self._wait_for_supervisor_exit()  # it records the status just before it ends
         if logs:
             self._print_new_log()
             print(f"===== Job {description['TrainingJobStatus']} =====")
@@ -158,9 +159,12 @@ class LocalTrainingJob(TrainingJob):
         """SIGTERM the supervisor, which ends every host; wait until the job is terminal."""
         if self._supervisor_alive():
             os.kill(int(self.job_dir.supervisor_pid_file.read_text()), 15)
-        deadline = time.monotonic() + 60
+        self._wait_for_supervisor_exit()
+
+    def _wait_for_supervisor_exit(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
         while self._supervisor_alive() and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
+            time.sleep(POLL_SECONDS / 4)
 
 
 def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -> dict[str, Any]:
