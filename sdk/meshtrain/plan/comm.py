@@ -19,9 +19,10 @@ Per step (one micro-batch each, as the runtime runs it):
   by the residual add, which saves nothing) is not repeated: one more all-reduce per layer, or
   with sequence parallelism two all-gathers and a reduce-scatter. The HF output head gathers
   the logits (b, s, V / t each) in forward and all-reduces its input gradient in backward; the
-  vocab-parallel input embedding all-reduces its output in forward. With sequence parallelism
-  the gradients of the vectors TP keeps whole (norm weights, row-wise biases) are partial sums
-  over the sequence shards: one more all-reduce of their size.
+  vocab-parallel input embedding all-reduces its output in forward. With loss parallelism the
+  logits stay split and the cross entropy all-reduces three fp32 numbers per token instead.
+  With sequence parallelism the gradients of the vectors TP keeps whole (norm weights, row-wise
+  biases) are partial sums over the sequence shards: one more all-reduce of their size.
 - Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward.
 - Context parallelism ("all_gather" type), per layer: all-gather k and v in forward,
   reduce-scatter their gradients in backward.
@@ -40,6 +41,8 @@ from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
 from meshtrain.plan.memory import REDUCE_BYTES, Training, group_shard_elements
 from meshtrain.plan.models import ModelSpec, param_groups
+
+_F32 = 4
 
 
 def all_reduce_bytes(n: int, message: float) -> float:
@@ -149,6 +152,10 @@ def _tensor_parallel(
         t, training.compute_bytes * _tokens(degrees, training) * model.vocab_size)
     # The head's input gradient and the vocab-parallel embedding's output: one all-reduce each.
     ends = logits + 2 * all_reduce_bytes(t, message)
+    if loss_parallel:
+        # torch's vocab-parallel cross entropy all-reduces three fp32 numbers per token (the
+        # largest logit, the sum of exponentials, the target's logit) instead of the gather.
+        ends += 3 * all_reduce_bytes(t, _F32 * _tokens(degrees, training))
     if sequence_parallel:
         # Norm weights and other vectors TP keeps whole see only their sequence shard: their
         # gradients are partial sums, all-reduced over the TP group.
