@@ -12,8 +12,11 @@ model; after sharding, each rank receives its shard from rank 0 through
 Random numbers: on CUDA meshes DTensor's RNG tracker draws each shard from the stream a single
 device would use. On CPU meshes torch has no such tracker (``is_rng_supported_mesh`` is False),
 so each rank would draw the same numbers for every shard; we seed each rank with a seed agreed
-by all ranks plus its ``shard`` coordinate, so shards differ and replicas agree. Values then
-differ from a single-process init (statistically the same distribution).
+by all ranks plus its ``shard`` and ``tp`` coordinates, so shards differ and replicas agree, and
+then copy tensors that are replicated over ``tp`` (norm weights) from the first tp rank. Values
+then differ from a single-process init (statistically the same distribution). Expert-parallel
+weights are local tensors to DTensor's tracker, so on every device they are drawn under the
+agreed seed plus the ``shard`` coordinate (which tells EP ranks and their FSDP shards apart).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshtrain.errors import ConfigError
+from meshtrain_runtime.parallel.expert import expert_parallel_modules
 
 InitFn = Callable[[nn.Module], None]
 
@@ -51,16 +55,26 @@ def materialize_sharded(
 ) -> None:
     """Allocate this rank's shards of a sharded meta model on `device` and initialise them.
 
-    `mesh` is the FSDP mesh (its ``shard`` axis seeds CPU random init). `init_weights(module)`,
-    if given, initialises one module's own parameters and buffers (SMP's
-    ``init_method_using_config``); otherwise HF ``_init_weights`` or ``reset_parameters``.
+    `mesh` is the runtime's mesh (or the FSDP mesh): its ``shard`` and ``tp`` axes seed random
+    init. `init_weights(module)`, if given, initialises one module's own parameters and buffers
+    (SMP's ``init_method_using_config``); otherwise HF ``_init_weights`` or
+    ``reset_parameters``, then ``reset_parameters`` of expert-parallel layers (HF's init does not
+    know them).
     """
     _check_initialisable(model, init_weights)
     model.to_empty(device=device)
     if buffer_device is not None and buffer_device != device:
         _move_buffers(model, buffer_device)
-    with _sharded_rng(mesh), torch.no_grad():
+    cpu = mesh.device_type == "cpu"
+    with _sharded_rng(mesh, enabled=cpu), torch.no_grad():
         initialise_weights(model, init_weights)
+    if cpu:
+        copy_tp_replicated(model, mesh)
+    experts = expert_parallel_modules(model) if init_weights is None else []
+    if experts:
+        with _sharded_rng(mesh, enabled=True, use_tp=False), torch.no_grad():
+            for module in experts:
+                module.reset_parameters()
 
 
 def initialise_weights(model: nn.Module, init_weights: InitFn | None = None) -> None:
@@ -182,23 +196,51 @@ def _move_buffers(model: nn.Module, device: torch.device) -> None:
 
 
 @contextlib.contextmanager
-def _sharded_rng(mesh: DeviceMesh) -> Iterator[None]:
-    """On CPU meshes: a seed shared by all ranks plus the shard coordinate; RNG restored after."""
-    if mesh.device_type != "cpu":
+def _sharded_rng(mesh: DeviceMesh, *, enabled: bool, use_tp: bool = True) -> Iterator[None]:
+    """A seed shared by all ranks plus the shard (and tp) coordinate; RNG restored after."""
+    if not enabled:
         yield
         return
     seed = torch.randint(0, 2**62, (1,))  # every rank draws, so every rank's stream moves alike
     dist.broadcast(seed, src=0)
-    shard_rank = mesh.get_local_rank("shard") if "shard" in (mesh.mesh_dim_names or ()) else 0
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    offset = _coordinate(mesh, "shard")
+    if use_tp:
+        offset += _axis_size(mesh, "shard") * _coordinate(mesh, "tp")
+    devices = [torch.cuda.current_device()] if mesh.device_type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators")
-        torch.manual_seed(int(seed.item()) + 1_000_003 * shard_rank)
+        torch.manual_seed(int(seed.item()) + 1_000_003 * offset)  # seeds CUDA too
         yield
+
+
+def _coordinate(mesh: DeviceMesh, axis: str) -> int:
+    return mesh.get_local_rank(axis) if axis in (mesh.mesh_dim_names or ()) else 0
+
+
+def _axis_size(mesh: DeviceMesh, axis: str) -> int:
+    names = mesh.mesh_dim_names or ()
+    return mesh.size(names.index(axis)) if axis in names else 1
+
+
+def copy_tp_replicated(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Broadcast, from the first tp rank, the local tensor of every DTensor parameter or buffer
+    that is replicated over the ``tp`` axis (tp ranks drew different numbers on CPU)."""
+    if _axis_size(mesh, "tp") == 1:
+        return
+    group = mesh.get_group("tp")
+    source = dist.get_global_rank(group, 0)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if not isinstance(tensor, DTensor):
+            continue
+        names = tensor.device_mesh.mesh_dim_names or ()
+        if "tp" in names and tensor.placements[names.index("tp")].is_replicate():
+            dist.broadcast(tensor.to_local().detach(), src=source, group=group)
 
 
 __all__ = [
     "InitFn",
     "check_rank0_has_weights",
+    "copy_tp_replicated",
     "has_meta_tensors",
     "initialise_weights",
     "load_from_rank0",

@@ -4,13 +4,14 @@
 different meshes (FSDP mesh, expert mesh, TP mesh) or mix DTensors with plain tensors. Here the
 gradients are grouped by (mesh, placements); each group's norm is computed by torch and made
 whole with ``full_tensor()`` (a reduction over the sharded axes only: replicas are not counted
-twice); the group norms are then combined and torch's ``clip_grads_with_norm_`` scales them.
+twice); the group norms are then combined and torch's ``clip_grads_with_norm_`` scales each
+group (expert weights on the expert mesh, the rest on the data-parallel or (shard, tp) mesh).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -35,9 +36,12 @@ def clip_grad_norm_(
         if isinstance(model_or_parameters, nn.Module)
         else list(model_or_parameters)
     )
-    grads = [p.grad for p in parameters if p.grad is not None]
+    with_grads = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in with_grads]
     total_norm = total_grad_norm(grads, norm_type, error_if_nonfinite=error_if_nonfinite)
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=foreach)
+    # One scaling call per layout: a foreach op refuses DTensors on different meshes.
+    for group in _group_by_layout(with_grads, layout_of=lambda p: p.grad):
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm, foreach=foreach)
     return total_norm
 
 
@@ -66,15 +70,20 @@ def total_grad_norm(
     return total
 
 
-def _group_by_layout(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Group in first-seen order (identical on every rank, so collectives line up)."""
+def _group_by_layout(
+    tensors: list[torch.Tensor],
+    layout_of: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> list[list[torch.Tensor]]:
+    """Group by the layout of ``layout_of(t)`` in first-seen order (identical on every rank, so
+    collectives line up)."""
     groups: dict[tuple, list[torch.Tensor]] = {}
-    for grad in grads:
+    for tensor in tensors:
+        grad = layout_of(tensor)
         if isinstance(grad, DTensor):
             key = ("dtensor", grad.device_mesh, tuple(grad.placements))
         else:
             key = ("local", grad.device)
-        groups.setdefault(key, []).append(grad)
+        groups.setdefault(key, []).append(tensor)
     return list(groups.values())
 
 

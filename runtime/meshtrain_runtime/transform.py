@@ -2,9 +2,9 @@
 
 The order (design.md) lives in one short function, one line per stage:
 model converters -> tensor / expert parallelism -> activation checkpointing / offloading ->
-FSDP2 (full, hybrid or no sharding) -> materialisation of meta-device models.
-Tensor, expert and context parallelism and activation checkpointing / offloading are not part
-of this build yet: asking for them raises a ConfigError before the model is touched.
+FSDP2 (experts over their own mesh first, then blocks and root) -> materialisation of
+meta-device models. Context parallelism is not part of this build: asking for it raises a
+ConfigError before the model is touched.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
 from meshtrain.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
@@ -25,24 +25,22 @@ from meshtrain_runtime.delayed_init import (
     load_from_rank0,
     materialize_sharded,
 )
+from meshtrain_runtime.moe import MoEConfig
+from meshtrain_runtime.parallel.activations import (
+    apply_activation_checkpointing,
+    resolve_activation_kwargs,
+)
 from meshtrain_runtime.parallel.blocks import BlockSpec, find_blocks
+from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
 from meshtrain_runtime.parallel.fsdp import (
     FSDPOptions,
     apply_fsdp,
     data_parallel_mesh,
+    expert_data_parallel_mesh,
     resolve_mixed_precision,
     resolve_offload_policy,
 )
-
-# (parameter, is it asked for?, what it needs) for the parts this build does not run yet.
-_NOT_YET_AVAILABLE = (
-    ("tensor_parallel_degree", lambda p: p.tensor_parallel_degree > 1, "tensor parallelism"),
-    ("sequence_parallel", lambda p: p.sequence_parallel, "sequence parallelism"),
-    ("expert_parallel_degree", lambda p: p.expert_parallel_degree > 1, "expert parallelism"),
-    ("context_parallel_degree", lambda p: p.context_parallel_degree > 1, "context parallelism"),
-    ("activation_checkpointing", lambda p: p.activation_checkpointing, "activation checkpointing"),
-    ("activation_offloading", lambda p: p.activation_offloading, "activation offloading"),
-)
+from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
 
 def transform(
@@ -50,7 +48,8 @@ def transform(
     *,
     blocks: BlockSpec | None = None,
     tp_plan: Mapping[str, Any] | None = None,
-    moe_config: Any | None = None,
+    moe_config: MoEConfig | None = None,
+    config: MoEConfig | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     load_state_dict_from_rank0: bool = False,
@@ -59,9 +58,12 @@ def transform(
     """Parallelise `model` per the parameters given to `init()`; returns the same module.
 
     - `blocks`: the repeated layers (list of submodules or their class); default: HF
-      ``_no_split_modules``, else repeated ``nn.ModuleList`` children.
-    - `tp_plan` / `moe_config`: inputs of tensor / expert parallelism, accepted so that scripts
-      written for them run; this build rejects degrees > 1, so they are not used yet.
+      ``_no_split_modules``, else repeated ``nn.ModuleList`` children. They are the units of
+      activation checkpointing and of FSDP.
+    - `tp_plan`: module name patterns -> tensor-parallel styles (see docs/tensor-parallel.md);
+      default: the HF config's ``base_model_tp_plan``. Used when ``tensor_parallel_degree > 1``.
+    - `moe_config` (or SMP's spelling ``config=``): a `meshtrain_runtime.moe.MoEConfig` for
+      expert parallelism; used when ``expert_parallel_degree > 1``.
     - `device`: where parameters live; must be the runtime's device (``state.device``).
     - `dtype`: cast floating-point parameters before sharding (normally keep fp32 and use
       ``mixed_precision``).
@@ -73,12 +75,15 @@ def transform(
     Create the optimizer after `transform` (its parameters are the sharded DTensors).
     """
     st = runtime_state.current()
-    _check_request(model, st, device)
+    moe_config = _resolve_moe_config(moe_config, config)
+    _check_request(model, st, device, load_state_dict_from_rank0)
     model = apply_converters(model, dtype=dtype)
     rank0_weights = _rank0_state_dict(model, st) if load_state_dict_from_rank0 else None
-    block_list = find_blocks(model, blocks)  # after converters, which may swap modules
-    # Tensor / expert parallelism, then activation checkpointing / offloading, belong here, in
-    # that order; this build rejects them in _check_request.
+    block_list = find_blocks(model, blocks)  # after converters, before any class swap
+    activation_kwargs = _check_blocks(model, block_list, resolve_activation_kwargs(st.config))
+    model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
+    if activation_kwargs is not None:
+        apply_activation_checkpointing(model, block_list, **activation_kwargs)
     model = _apply_data_parallel(model, st, block_list)
     _materialise(model, st, load_state_dict_from_rank0, rank0_weights, init_weights)
     return model
@@ -93,6 +98,32 @@ def apply_converters(model: nn.Module, *, dtype: torch.dtype | None = None) -> n
     return model
 
 
+def apply_model_parallel(
+    model: nn.Module,
+    st: runtime_state.RuntimeState,
+    *,
+    tp_plan: Mapping[str, Any] | None = None,
+    moe_config: MoEConfig | None = None,
+) -> nn.Module:
+    """Tensor parallelism on the ``tp`` axis, or expert parallelism on ``state.expert_mesh``.
+
+    The contract rejects both at once (as SMP does), so at most one of them runs.
+    """
+    params = st.config
+    if st.tensor_parallel_degree > 1:
+        return apply_tensor_parallel(
+            model,
+            st.mesh["tp"],
+            plan=tp_plan,
+            sequence_parallel=params.sequence_parallel,
+            loss_parallel=params.loss_parallel,
+            random_seed=params.random_seed,
+        )
+    if st.expert_mesh is not None:
+        return apply_expert_parallel(model, st.expert_mesh, moe_config=moe_config)
+    return model
+
+
 def _apply_data_parallel(
     model: nn.Module, st: runtime_state.RuntimeState, blocks: list[nn.Module]
 ) -> nn.Module:
@@ -101,8 +132,31 @@ def _apply_data_parallel(
         mp_policy=resolve_mixed_precision(st.config.mixed_precision),
         offload_policy=resolve_offload_policy(st.config.cpu_offload, st.device.type),
     )
+    if not uses_fsdp(st, options):
+        return model
+    if st.expert_mesh is not None:  # experts first: the block-level groups then skip them
+        expert_mesh = expert_data_parallel_mesh(st.expert_mesh, st.replicate_degree)
+        shard_experts_with_fsdp(
+            model,
+            expert_mesh,
+            reshard_after_forward=options.reshard_after_forward,
+            mp_policy=options.mp_policy,
+            offload_policy=options.offload_policy,
+        )
     mesh = data_parallel_mesh(st.mesh, st.replicate_degree)
     return apply_fsdp(model, mesh, blocks=blocks, options=options)
+
+
+def uses_fsdp(st: runtime_state.RuntimeState, options: FSDPOptions) -> bool:
+    """False only for tensor parallelism alone (one data-parallel rank) with no FSDP policy.
+
+    FSDP over a group of one would only copy every parameter into a gather buffer and back.
+    Mixed precision and CPU offload are FSDP policies, so they keep FSDP (over one rank).
+    """
+    if st.tensor_parallel_degree == 1 or st.degrees.data_parallel_degree > 1:
+        return True
+    casts = options.mp_policy.param_dtype is not None
+    return casts or isinstance(options.offload_policy, CPUOffloadPolicy)
 
 
 def _materialise(
@@ -118,26 +172,58 @@ def _materialise(
     if from_rank0:
         load_from_rank0(model, rank0_weights, device=param_device, buffer_device=st.device)
     elif has_meta_tensors(model):
-        mesh = data_parallel_mesh(st.mesh, st.replicate_degree)
         materialize_sharded(
             model,
             device=param_device,
             buffer_device=st.device,
-            mesh=mesh,
+            mesh=st.mesh,
             init_weights=init_weights,
         )
 
 
-def _check_request(model: nn.Module, st: runtime_state.RuntimeState, device: Any) -> None:
+def _resolve_moe_config(
+    moe_config: MoEConfig | None, config: MoEConfig | None
+) -> MoEConfig | None:
+    """`moe_config=` or SMP's ``config=`` (``tsm.transform(model, config=MoEConfig(...))``)."""
+    if moe_config is not None and config is not None:
+        raise ConfigError(
+            "transform() got both moe_config= and config=: they are the same argument (config= "
+            "is SMP v2's name). Pass one MoEConfig."
+        )
+    chosen = moe_config if moe_config is not None else config
+    if chosen is not None and not isinstance(chosen, MoEConfig):
+        raise ConfigError(
+            f"transform(moe_config=...) takes a meshtrain_runtime.moe.MoEConfig, got "
+            f"{type(chosen).__name__}. Build it as MoEConfig(moe_aux_loss_coeff=..., ...)."
+        )
+    return chosen
+
+
+def _check_request(
+    model: nn.Module, st: runtime_state.RuntimeState, device: Any, from_rank0: bool
+) -> None:
     """Reject what this build cannot do before anything is changed."""
     params = st.config
-    for key, asked, feature in _NOT_YET_AVAILABLE:
-        if asked(params):
+    if params.context_parallel_degree > 1:
+        raise ConfigError(
+            f"context_parallel_degree={params.context_parallel_degree} asks for context "
+            "parallelism, which is not available in this build of meshtrain_runtime yet. Remove "
+            "context_parallel_degree from the parameters (or set it to 1)."
+        )
+    for key in ("sequence_parallel", "loss_parallel"):
+        if getattr(params, key) and st.tensor_parallel_degree == 1:
             raise ConfigError(
-                f"{key}={getattr(params, key)!r} asks for {feature}, which is not available in "
-                f"this build of meshtrain_runtime yet. Remove {key} from the parameters (or set "
-                f"it to its default, {type(params).model_fields[key].default!r})."
+                f"{key}=True splits activations over the tensor-parallel ranks, but "
+                "tensor_parallel_degree=1: there is nothing to split. Set "
+                f"tensor_parallel_degree >= 2 or {key}=False."
             )
+    if from_rank0 and st.tensor_parallel_degree > 1:
+        raise ConfigError(
+            f"load_state_dict_from_rank0=True with tensor_parallel_degree="
+            f"{st.tensor_parallel_degree}: tensor parallelism splits weights by collectives "
+            "that need the same (real or meta) model on every rank. Build the model with its "
+            "real weights on every rank, or load a sharded checkpoint after transform()."
+        )
     resolve_offload_policy(params.cpu_offload, st.device.type)
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ConfigError(
@@ -152,6 +238,19 @@ def _check_request(model: nn.Module, st: runtime_state.RuntimeState, device: Any
         )
 
 
+def _check_blocks(
+    model: nn.Module, blocks: list[nn.Module], activation_kwargs: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Checkpointing needs blocks: say so before tensor / expert parallelism change the model."""
+    if activation_kwargs is not None and not blocks:
+        raise ConfigError(
+            f"activation_checkpointing=True but no transformer blocks were found in "
+            f"{type(model).__name__}: checkpointing works per block. Pass them, e.g. "
+            "transform(model, blocks=list(model.layers)), or set activation_checkpointing=False."
+        )
+    return activation_kwargs
+
+
 def _rank0_state_dict(
     model: nn.Module, st: runtime_state.RuntimeState
 ) -> dict[str, torch.Tensor] | None:
@@ -162,4 +261,4 @@ def _rank0_state_dict(
     return {key: value.detach() for key, value in model.state_dict().items()}
 
 
-__all__ = ["apply_converters", "transform"]
+__all__ = ["apply_converters", "apply_model_parallel", "transform", "uses_fsdp"]

@@ -1,6 +1,7 @@
 """transform() in a single plain process: order of checks, options, and error paths.
 
-Multi-rank parity of every layout is in test_hsdp_layouts.py.
+Multi-rank parity: test_hsdp_layouts.py (FSDP layouts) and test_transform_integration.py (tensor,
+expert parallelism and activation checkpointing from the parameters).
 """
 
 from __future__ import annotations
@@ -48,16 +49,14 @@ def test_one_rank_matches_the_plain_model(single_process_runtime, build) -> None
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"activation_checkpointing": True}, "activation_checkpointing=True asks for activation "
-         "checkpointing, which is not available in this build"),
-        ({"activation_checkpointing": True, "activation_offloading": True},
-         "activation_checkpointing=True"),
-        ({"sequence_parallel": True}, "sequence_parallel=True asks for sequence parallelism"),
+        ({"sequence_parallel": True}, "sequence_parallel=True splits activations over the "
+         "tensor-parallel ranks, but tensor_parallel_degree=1: there is nothing to split"),
+        ({"loss_parallel": True}, "loss_parallel=True splits activations"),
         ({"cpu_offload": True}, "but this process runs on the CPU (no CUDA device): there is "
          "nothing to offload from. Set cpu_offload=False"),
     ],
 )
-def test_unavailable_requests_fail_before_touching_the_model(
+def test_impossible_requests_fail_before_touching_the_model(
     single_process_runtime, params, fragment
 ) -> None:
     meshtrain_runtime.init(params)
@@ -67,6 +66,59 @@ def test_unavailable_requests_fail_before_touching_the_model(
     assert fragment in str(caught.value)
     assert not _is_sharded(model)
     assert not any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def test_checkpointing_without_blocks_fails_before_touching_the_model(
+    single_process_runtime,
+) -> None:
+    meshtrain_runtime.init({"activation_checkpointing": True, "activation_offloading": True})
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="no transformer blocks were found in Sequential"):
+        meshtrain_runtime.transform(model)
+    assert not _is_sharded(model)
+    assert not any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def test_moe_config_arguments(single_process_runtime) -> None:
+    from meshtrain_runtime.moe import MoEConfig
+
+    meshtrain_runtime.init()
+    with pytest.raises(ConfigError, match="both moe_config= and config="):
+        meshtrain_runtime.transform(build_custom(), moe_config=MoEConfig(), config=MoEConfig())
+    with pytest.raises(ConfigError, match=r"takes a meshtrain_runtime\.moe\.MoEConfig, got dict"):
+        meshtrain_runtime.transform(build_custom(), config={"moe_aux_loss_coeff": 0.1})
+    # Without expert parallelism the MoE options (and a tp_plan without TP) are not used.
+    model = meshtrain_runtime.transform(
+        build_custom(), config=MoEConfig(), tp_plan={"x": "colwise"}
+    )
+    assert _is_sharded(model)
+
+
+def _first_step_grads(params: dict, **transform_kwargs) -> tuple[float, dict[str, torch.Tensor]]:
+    from meshtrain_runtime.parallel.activations import checkpointed_blocks
+
+    meshtrain_runtime.reset()
+    meshtrain_runtime.init(params)
+    model = meshtrain_runtime.transform(build_llama(), **transform_kwargs)
+    expected = 2 if params.get("activation_checkpointing") else 0  # build_llama: 2 layers
+    assert len(checkpointed_blocks(model)) == expected
+    loss = loss_of(model, dataset()[:8])
+    loss.backward()
+    return float(loss.detach()), {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
+
+
+def test_checkpointing_and_offloading_from_the_parameters(single_process_runtime) -> None:
+    plain_loss, plain = _first_step_grads({})
+    for params in (
+        {"activation_checkpointing": True},
+        {"activation_checkpointing": True, "activation_offloading": True,
+         "activation_loading_horizon": 1},
+        {"activation_checkpointing": True, "activation_offloading": True,
+         "sm_activation_offloading": False},
+    ):
+        loss, grads = _first_step_grads(params)
+        assert loss == plain_loss, params
+        assert all(torch.equal(grads[name], plain[name]) for name in plain), params
 
 
 def test_transform_twice(single_process_runtime) -> None:

@@ -81,6 +81,17 @@ def data_parallel_mesh(mesh: DeviceMesh, replicate_degree: int) -> DeviceMesh:
     return mesh["replicate", "shard"]
 
 
+def expert_data_parallel_mesh(expert_mesh: DeviceMesh, replicate_degree: int) -> DeviceMesh:
+    """The FSDP mesh of expert weights: the ranks holding the same experts.
+
+    ("replicate", "shard_mod_ep") for several replicas, else the 1-D "shard_mod_ep" axis of
+    ``state.expert_mesh`` (see `meshtrain_runtime.parallel.expert.shard_experts_with_fsdp`).
+    """
+    if replicate_degree == 1:
+        return expert_mesh["shard_mod_ep"]
+    return expert_mesh["replicate", "shard_mod_ep"]
+
+
 def apply_fsdp(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -149,6 +160,7 @@ __all__ = [
     "FSDPOptions",
     "apply_fsdp",
     "data_parallel_mesh",
+    "expert_data_parallel_mesh",
     "find_embedding_and_head",
     "resolve_mixed_precision",
     "resolve_offload_policy",

@@ -1,7 +1,8 @@
 """Multi-rank `init()` / `state` cases (run inside hsdp_layouts.py's launch to save a torchrun).
 
 For tensor-, expert- and context-parallel layouts: the coordinates, meshes and groups `state`
-reports, and the ConfigError `transform` raises while those parts are not in this build.
+reports, and the ConfigError `transform` raises for a custom model that has no tensor-parallel
+plan and no MoE layers (and for context parallelism, not in this build), before touching it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import torch.distributed as dist
 from hsdp_support import build_custom
 from report import report
+from torch.distributed.tensor import DTensor
 
 import meshtrain_runtime as mr
 from meshtrain.errors import ConfigError
@@ -45,17 +47,21 @@ def _mesh(mesh: Any) -> dict[str, Any] | None:
     }
 
 
-def _transform_error() -> str | None:
+def _transform_error() -> tuple[str | None, bool]:
+    """(the ConfigError transform raised or None, whether the model was left as it was)."""
+    model = build_custom()
     try:
-        mr.transform(build_custom())
+        mr.transform(model)
     except ConfigError as error:
-        return str(error)
-    return None
+        untouched = not any(isinstance(p, DTensor) for p in model.parameters())
+        return str(error), untouched
+    return None, False
 
 
 def run_state_cases(world: int) -> None:
     for name, params in STATE_LAYOUTS[world].items():
         st = mr.init(params)
+        error, untouched = _transform_error()
         report(
             {
                 "case": "state",
@@ -76,7 +82,8 @@ def run_state_cases(world: int) -> None:
                 "ep_group": _ranks(st.ep_process_group),
                 "rep_rank_group": _ranks(st.rep_rank_process_group),
                 "world_group": _ranks(st.world_process_group),
-                "transform_error": _transform_error(),
+                "transform_error": error,
+                "model_untouched": untouched,
             }
         )
         mr.reset()
