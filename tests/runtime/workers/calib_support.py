@@ -1,0 +1,146 @@
+"""Tiny HF models and byte counters shared by the planner-calibration workers.
+
+The workers only measure; tests/runtime/test_plan_calibration_multiprocess.py asks the planner
+for its estimate of each reported case (from the reported HF config and SMP parameters) and
+compares. Every layout is built by ``meshtrain_runtime.transform`` from the parameters given to
+``meshtrain_runtime.init``, as a training script builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.tensor import DTensor
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+from meshtrain_runtime.memory import SavedActivationMeter
+from meshtrain_runtime.parallel.tensor import count_collectives
+
+SEED = 0
+VOCAB = 128
+
+# intermediate_size 170 does not split evenly over 4 ranks (ceil: 43 rows, the last rank 41)
+# nor over tp 2 x shard 2 (85 -> 43 and 42 rows), so FSDP2's padding is exercised too.
+LLAMA_SHAPE = {
+    "hidden_size": 64, "intermediate_size": 170, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+    "max_position_embeddings": 256, "tie_word_embeddings": False,
+}
+
+
+def llama_config(**overrides: Any) -> LlamaConfig:
+    """The tiny Llama every case uses (SDPA attention, fp32, no dropout)."""
+    config = LlamaConfig(**{**LLAMA_SHAPE, **overrides})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def mixtral_config() -> MixtralConfig:
+    """A tiny Mixtral: 4 experts, top-2, so that ep=2 keeps 2 experts per rank."""
+    config = MixtralConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=256, tie_word_embeddings=False,
+    )
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def build_model(config: LlamaConfig | MixtralConfig) -> nn.Module:
+    """The same weights on every rank (same seed), in training mode."""
+    torch.manual_seed(SEED)
+    cls = MixtralForCausalLM if isinstance(config, MixtralConfig) else LlamaForCausalLM
+    return cls(config).train()
+
+
+def config_record(config: LlamaConfig | MixtralConfig) -> dict[str, Any]:
+    """What the test side needs to rebuild the planner's ModelSpec (JSON-serialisable)."""
+    record = config.to_dict()
+    record["_attn_implementation"] = "sdpa"
+    return {k: v for k, v in record.items() if _jsonable(v)}
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool | type(None) | list | dict)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor (a DTensor's local tensor)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind the local parts of `tensors`.
+
+    FSDP2 keeps each sharded parameter in a storage padded to ceil(rows / shard) rows and
+    writes the reduce-scattered gradients of a group into one padded flat buffer, so this is
+    what the rank really allocates, padding included.
+    """
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = local(tensor).untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Per-rank bytes of parameters, gradients and optimizer state (AdamW: exp_avg, exp_avg_sq;
+    the 0-d ``step`` counters are bookkeeping the planner leaves out)."""
+    params = list(model.parameters())
+    states = [
+        value for state in optimizer.state.values() for key, value in state.items()
+        if key != "step"
+    ]
+    return {
+        "parameters": storage_bytes(params),
+        "gradients": storage_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer_states": storage_bytes(states),
+        "num_params_without_grad": sum(p.grad is None for p in params),
+    }
+
+
+def collectives_of(step: Callable[[], Any]) -> dict[str, dict[str, int]]:
+    """Run `step` under the runtime's collective counter: counts and payload bytes by
+    "phase/op" (payload: the whole logical tensor, e.g. an all-gather's output)."""
+    stats = count_collectives(step)
+    return {
+        "counts": {f"{phase}/{op}": n for (phase, op), n in stats.counts.items()},
+        "payload_bytes": {f"{phase}/{op}": n for (phase, op), n in stats.payload_bytes.items()},
+    }
+
+
+class CalibrationMeter(SavedActivationMeter):
+    """`SavedActivationMeter` with two corrections that tensor parallelism needs.
+
+    - Tensors still wrapped by a functional collective: the vocab-parallel embedding's
+      all-reduce returns an ``AsyncCollectiveTensor`` (a wrapper subclass without a storage of
+      its own; with sequence parallelism a DTensor wraps one) and the first RMSNorm saves it as
+      is, so the base meter's ``untyped_storage()`` raises. Its ``elem`` is the all-reduced
+      buffer, which is what stays alive.
+    - Parameters seen through a view: TP runs the replicated norm weights on their local
+      tensors (``to_local()`` of a Replicate DTensor: not a leaf, so the base meter takes it for
+      an activation) though they share the parameter's storage. Storages of `model`'s
+      parameters are left out, as the single-process calibration does.
+
+    (Both belong in ``meshtrain_runtime.memory``; until they are there the workers use this.)
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self._parameter_storages = {
+            local(p).untyped_storage().data_ptr() for p in model.parameters()
+        }
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        inner = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        if isinstance(inner, AsyncCollectiveTensor):
+            super()._pack(inner.elem)
+        elif inner.device.type == "meta" or (
+            inner.untyped_storage().data_ptr() not in self._parameter_storages
+        ):
+            super()._pack(tensor)
+        return tensor
