@@ -75,6 +75,16 @@ def test_losses_norms_and_gradients_match_one_process(launch) -> None:
 
 
 @pytest.mark.multiprocess
+def test_pure_tensor_parallelism_keeps_fsdp_for_mixed_precision(two) -> None:
+    case = two["llama_tp2_bf16"]
+    assert case["fsdp"]  # the bf16 policy is FSDP's, applied over the one data-parallel rank
+    assert case["degrees"]["hybrid_shard_degree"] == 1
+    assert {tuple(v["axes"]) for v in case["placements"].values()} == {("shard", "tp")}
+    # bf16 compute: not the fp32 result, but close to it (as in test_transform.py's bf16 test).
+    assert 0 < case["loss_err"] <= 2e-2, case["loss_err"]
+
+
+@pytest.mark.multiprocess
 def test_degrees_and_fsdp_follow_the_parameters(launch) -> None:
     world, cases = launch
     expected = {  # (replicate, shard, tp, ep, FSDP applied)
@@ -180,3 +190,17 @@ def test_delayed_init_under_expert_parallelism(four) -> None:
     assert case["experts_distinct"]  # EP ranks and FSDP shards drew different numbers
     assert abs(case["expert_std"] - case["init_std"]) < 0.1 * case["init_std"]
     assert case["finite_loss"] and case["expert_grad_finite"]
+
+
+@pytest.mark.multiprocess
+def test_rank0_weights_under_expert_parallelism(four) -> None:
+    case = four["rank0_ep2"]
+    assert case["fsdp"]
+    assert case["param_err"] == 0.0  # every rank's shards are rank 0's weights, bit for bit
+
+
+@pytest.mark.multiprocess
+def test_rank0_weights_under_tensor_parallelism_is_a_config_error(two) -> None:
+    message = two["rank0_tp2"]["config_error"]
+    assert "load_state_dict_from_rank0=True with tensor_parallel_degree=2" in message
+    assert "load a sharded checkpoint after transform()" in message

@@ -8,11 +8,13 @@ many ranks. Rank 0 reports one record per case (errors already maxed over ranks)
   ep 2 and 4, with replicas); 3 AdamW steps with ``clip_grad_norm_`` against one process;
 - checkpointing cases: the same layout with activation checkpointing / offloading from the
   parameters; gradients against the layout without them;
-- delayed-init cases: meta-device models under TP and EP, materialised by transform.
+- delayed-init cases: meta-device models under TP and EP, materialised by transform;
+- rank-0 weights (``load_state_dict_from_rank0``) under EP, and its ConfigError under TP.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import traceback
@@ -25,8 +27,10 @@ import torch
 import torch.distributed as dist
 import tp_models
 from report import report
+from torch.distributed.fsdp import FSDPModule
 
 import meshtrain_runtime as mr
+from meshtrain.errors import ConfigError
 from meshtrain_runtime.moe import MoEConfig
 from meshtrain_runtime.parallel.activations import checkpointed_blocks, get_offload_stats
 
@@ -156,6 +160,22 @@ def delayed_ep(name: str, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def rank0_weights(name: str, params: dict[str, Any], kind: str) -> dict[str, Any]:
+    """load_state_dict_from_rank0: rank 0 holds the weights, the others a meta model."""
+    mr.reset()
+    mr.init(params)
+    reference = support.build_model(kind)
+    model = reference if mr.state.rank == 0 else support.build_model(kind, meta=True)
+    try:
+        model = mr.transform(copy.deepcopy(model), load_state_dict_from_rank0=True)
+    except ConfigError as error:
+        return {"case": name, "params": params, "config_error": str(error)}
+    errors = [(support.full(p.detach()) - dict(reference.named_parameters())[n]).abs().max()
+              .item() for n, p in model.named_parameters()]
+    return {"case": name, "params": params, "param_err": support.max_over_ranks(max(errors)),
+            "fsdp": isinstance(model, FSDPModule)}
+
+
 CaseFn = Callable[[], dict[str, Any]]
 
 
@@ -167,8 +187,11 @@ def cases_for(world: int) -> list[tuple[str, CaseFn]]:
             ("llama_tp2_sp", partial(parity, "llama_tp2_sp", {**TP2, "sequence_parallel": True},
                                      "llama")),
             ("neox_tp2", partial(parity, "neox_tp2", TP2, "neox")),
+            ("llama_tp2_bf16", partial(parity, "llama_tp2_bf16",
+                                       {**TP2, "mixed_precision": "bf16"}, "llama")),
             ("ac_tp2", partial(checkpointing, "ac_tp2", TP2)),
             ("delayed_tp2", partial(delayed_tp, "delayed_tp2", TP2)),
+            ("rank0_tp2", partial(rank0_weights, "rank0_tp2", TP2, "llama")),
         ],
         4: [
             ("llama_tp2_hsd2", partial(parity, "llama_tp2_hsd2",
@@ -190,6 +213,8 @@ def cases_for(world: int) -> list[tuple[str, CaseFn]]:
             ("delayed_tp2_hsd2", partial(delayed_tp, "delayed_tp2_hsd2",
                                          {**TP2, "hybrid_shard_degree": 2})),
             ("delayed_ep2", partial(delayed_ep, "delayed_ep2", {"expert_parallel_degree": 2})),
+            ("rank0_ep2", partial(rank0_weights, "rank0_ep2", {"expert_parallel_degree": 2},
+                                  "mixtral")),
         ],
         8: [
             ("llama_tp2_hsd2_rep2", partial(parity, "llama_tp2_hsd2_rep2",
