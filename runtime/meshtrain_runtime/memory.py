@@ -12,13 +12,14 @@ same helpers; they work on CPU and CUDA alike (peak allocation needs CUDA).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 
@@ -44,6 +45,10 @@ class StepMemory:
     """Peak minus what was allocated when the step began (activations, gradients, buffers)."""
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
 def _is_parameter_like(tensor: torch.Tensor) -> bool:
     base = tensor._base if tensor._base is not None else tensor
     return base.is_leaf and base.requires_grad
@@ -60,16 +65,27 @@ class SavedActivationMeter:
         loss.backward()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parameters: Iterable[torch.Tensor] = ()) -> None:
+        """`parameters`: tensors whose storages are never activations, even when seen through
+        a non-leaf view (tensor parallelism runs replicated weights through ``to_local()``)."""
         self._seen: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._bytes = 0
         self._tensors = 0
+        self._parameter_storages = {
+            _local(p).untyped_storage().data_ptr() for p in parameters
+            if _local(p).device.type != "meta"
+        }
         self._hooks = saved_tensors_hooks(self._pack, lambda tensor: tensor)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if _is_parameter_like(tensor):
             return tensor
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        local = _local(tensor)
+        if isinstance(local, AsyncCollectiveTensor):  # a functional collective's result
+            local = local.elem
+        if local.device.type != "meta" and (
+                local.untyped_storage().data_ptr() in self._parameter_storages):
+            return tensor
         self._tensors += 1
         if local.device.type == "meta":
             self._bytes += local.nbytes

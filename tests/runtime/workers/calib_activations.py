@@ -3,10 +3,10 @@
 Layouts on 2 ranks: tp 1 (FSDP2 full shard over both ranks), tp 2 (tensor parallelism alone),
 tp 2 with sequence parallelism and tp 2 with loss parallelism (vocab-split logits), each at two
 sequence lengths, with and without activation checkpointing of every block. One forward (loss
-included) runs under `calib_support.CalibrationMeter` (the runtime's ``SavedActivationMeter``
-with two corrections for TP, see there): distinct storages autograd saves for backward,
-parameters left out, DTensors by their local shard. Forward and backward also run under the
-runtime's collective counter.
+included) runs under the runtime's ``SavedActivationMeter`` (given the model's
+parameters, so TP's views of replicated weights are not counted): distinct storages
+autograd saves for backward, parameters left out, DTensors by their local shard. Forward
+and backward also run under the runtime's collective counter.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from calib_support import (
-    CalibrationMeter,
     build_model,
     collectives_of,
     config_record,
@@ -27,6 +26,7 @@ from report import report
 from torch.distributed.tensor.parallel import loss_parallel
 
 import meshtrain_runtime as mr
+from meshtrain_runtime.memory import SavedActivationMeter
 
 MICRO_BATCH = 2
 SEQ_LENS = (32, 96)
@@ -46,7 +46,7 @@ def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bo
     model = mr.transform(build_model(config))
     generator = torch.Generator().manual_seed(200 + mr.state.dp_rank)
     ids = torch.randint(0, config.vocab_size, (MICRO_BATCH, seq_len), generator=generator)
-    meter = CalibrationMeter(model)
+    meter = SavedActivationMeter(parameters=model.parameters())
     losses = []
 
     def step() -> None:

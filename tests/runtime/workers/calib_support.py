@@ -13,11 +13,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-from meshtrain_runtime.memory import SavedActivationMeter
 from meshtrain_runtime.parallel.tensor import count_collectives
 
 SEED = 0
@@ -111,36 +109,3 @@ def collectives_of(step: Callable[[], Any]) -> dict[str, dict[str, int]]:
         "counts": {f"{phase}/{op}": n for (phase, op), n in stats.counts.items()},
         "payload_bytes": {f"{phase}/{op}": n for (phase, op), n in stats.payload_bytes.items()},
     }
-
-
-class CalibrationMeter(SavedActivationMeter):
-    """`SavedActivationMeter` with two corrections that tensor parallelism needs.
-
-    - Tensors still wrapped by a functional collective: the vocab-parallel embedding's
-      all-reduce returns an ``AsyncCollectiveTensor`` (a wrapper subclass without a storage of
-      its own; with sequence parallelism a DTensor wraps one) and the first RMSNorm saves it as
-      is, so the base meter's ``untyped_storage()`` raises. Its ``elem`` is the all-reduced
-      buffer, which is what stays alive.
-    - Parameters seen through a view: TP runs the replicated norm weights on their local
-      tensors (``to_local()`` of a Replicate DTensor: not a leaf, so the base meter takes it for
-      an activation) though they share the parameter's storage. Storages of `model`'s
-      parameters are left out, as the single-process calibration does.
-
-    (Both belong in ``meshtrain_runtime.memory``; until they are there the workers use this.)
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self._parameter_storages = {
-            local(p).untyped_storage().data_ptr() for p in model.parameters()
-        }
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        inner = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
-        if isinstance(inner, AsyncCollectiveTensor):
-            super()._pack(inner.elem)
-        elif inner.device.type == "meta" or (
-            inner.untyped_storage().data_ptr() not in self._parameter_storages
-        ):
-            super()._pack(tensor)
-        return tensor
