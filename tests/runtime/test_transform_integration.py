@@ -23,7 +23,8 @@ GRAD_BOUND = 1e-6
 PARITY_CASES = {
     2: ("llama_tp2", "llama_tp2_sp", "neox_tp2"),
     4: ("llama_tp2_hsd2", "llama_tp2_hsd2_sp", "mixtral_ep2_top1", "mixtral_ep2_top2_config",
-        "mixtral_ep4_top2", "mixtral_ep2_hsd2_top2"),
+        "mixtral_ep4_top2", "mixtral_ep2_hsd2_top2", "mixtral_ep2_top2_ac",
+        "llama_tp2_hsd2_sp_offload"),
     8: ("llama_tp2_hsd2_rep2", "llama_tp2_hsd2_rep2_sp"),
 }
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -132,8 +133,17 @@ def test_sequence_parallel_gradients_are_reduced(launch) -> None:
     for name in PARITY_CASES[world]:
         case = cases[name]
         assert case["partial_grads"] == [], name  # no Partial norm gradient left after backward
-        assert case["tp_sequence_parallel"] == (True if name.endswith("_sp") else
+        assert case["tp_sequence_parallel"] == (True if "_sp" in name else
                                                 False if "tp2" in name else None)
+
+
+@pytest.mark.multiprocess
+def test_checkpointing_combined_with_tensor_and_expert_parallelism(launch) -> None:
+    world, cases = launch
+    for name in PARITY_CASES[world]:
+        # Both layers of the checkpointed cases (their parity is checked above).
+        expected = 2 if name in ("mixtral_ep2_top2_ac", "llama_tp2_hsd2_sp_offload") else 0
+        assert cases[name]["checkpointed"] == expected, name
 
 
 @pytest.mark.multiprocess

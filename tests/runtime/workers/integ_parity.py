@@ -209,6 +209,14 @@ def cases_for(world: int) -> list[tuple[str, CaseFn]]:
             ("mixtral_ep2_hsd2_top2", partial(
                 parity, "mixtral_ep2_hsd2_top2",
                 {"expert_parallel_degree": 2, "hybrid_shard_degree": 2}, "mixtral", top_k=2)),
+            ("mixtral_ep2_top2_ac", partial(
+                parity, "mixtral_ep2_top2_ac",
+                {"expert_parallel_degree": 2, "activation_checkpointing": True}, "mixtral",
+                top_k=2)),
+            ("llama_tp2_hsd2_sp_offload", partial(
+                parity, "llama_tp2_hsd2_sp_offload",
+                {**TP2, "hybrid_shard_degree": 2, "sequence_parallel": True,
+                 "activation_checkpointing": True, "activation_offloading": True}, "llama")),
             ("ac_hsd2", partial(checkpointing, "ac_hsd2", {"hybrid_shard_degree": 2})),
             ("delayed_tp2_hsd2", partial(delayed_tp, "delayed_tp2_hsd2",
                                          {**TP2, "hybrid_shard_degree": 2})),

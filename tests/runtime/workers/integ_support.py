@@ -30,6 +30,7 @@ from transformers import (
 
 import meshtrain_runtime as mr
 from meshtrain_runtime.grad import total_grad_norm
+from meshtrain_runtime.parallel.activations import checkpointed_blocks
 
 VOCAB = 64
 SEQ = 8
@@ -221,4 +222,5 @@ def run_case(params: dict[str, Any], build: Callable[[], nn.Module], *, clip: bo
     result = compare(train_parallel(model, clip=clip), references[ref_key])
     return {**result, "placements": layout, "dp_size": dp_size,
             "degrees": mr.state.degrees.__dict__, "fsdp": isinstance(model, FSDPModule),
-            "tp_sequence_parallel": tp_info.sequence_parallel if tp_info else None}
+            "tp_sequence_parallel": tp_info.sequence_parallel if tp_info else None,
+            "checkpointed": len(checkpointed_blocks(model))}
