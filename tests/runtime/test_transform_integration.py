@@ -22,9 +22,9 @@ GRAD_BOUND = 1e-6
 
 PARITY_CASES = {
     2: ("llama_tp2", "llama_tp2_sp", "neox_tp2"),
-    4: ("llama_tp2_hsd2", "llama_tp2_hsd2_sp", "mixtral_ep2_top1", "mixtral_ep2_top2_config",
-        "mixtral_ep4_top2", "mixtral_ep2_hsd2_top2", "mixtral_ep2_top2_ac",
-        "llama_tp2_hsd2_sp_offload"),
+    4: ("llama_tp2_hsd2", "llama_tp2_hsd2_sp", "llama_tp2_noshard_sp", "mixtral_ep2_top1",
+        "mixtral_ep2_top2_config", "mixtral_ep4_top2", "mixtral_ep2_hsd2_top2",
+        "mixtral_ep2_top2_ac", "llama_tp2_hsd2_sp_offload"),
     8: ("llama_tp2_hsd2_rep2", "llama_tp2_hsd2_rep2_sp"),
 }
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -90,7 +90,8 @@ def test_degrees_and_fsdp_follow_the_parameters(launch) -> None:
     world, cases = launch
     expected = {  # (replicate, shard, tp, ep, FSDP applied)
         "llama_tp2": (1, 1, 2, 1, False), "neox_tp2": (1, 1, 2, 1, False),
-        "llama_tp2_hsd2": (1, 2, 2, 1, True), "mixtral_ep2_top1": (1, 4, 1, 2, True),
+        "llama_tp2_hsd2": (1, 2, 2, 1, True), "llama_tp2_noshard_sp": (2, 1, 2, 1, True),
+        "mixtral_ep2_top1": (1, 4, 1, 2, True),
         "mixtral_ep4_top2": (1, 4, 1, 4, True), "mixtral_ep2_hsd2_top2": (2, 2, 1, 2, True),
         "llama_tp2_hsd2_rep2": (2, 2, 2, 1, True),
     }
@@ -123,7 +124,9 @@ def test_tensor_parallel_placements(launch) -> None:
             elif "norm" in param:
                 assert on_tp == "Replicate()", (name, param, layout)
         assert checked == 2 * 7, name  # 2 layers x 7 projections
-        dp_axes = {2: [], 4: ["shard"], 8: ["replicate", "shard"]}[world]
+        degrees = case["degrees"]
+        dp_axes = ["replicate", "shard"] if degrees["replicate_degree"] > 1 else \
+            ["shard"] if case["fsdp"] else []
         assert {tuple(v["axes"]) for v in case["placements"].values()} == {(*dp_axes, "tp")}
 
 

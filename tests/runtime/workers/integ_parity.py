@@ -199,6 +199,9 @@ def cases_for(world: int) -> list[tuple[str, CaseFn]]:
             ("llama_tp2_hsd2_sp", partial(parity, "llama_tp2_hsd2_sp",
                                           {**TP2, "hybrid_shard_degree": 2,
                                            "sequence_parallel": True}, "llama")),
+            ("llama_tp2_noshard_sp", partial(
+                parity, "llama_tp2_noshard_sp",
+                {**TP2, "hybrid_shard_degree": 1, "sequence_parallel": True}, "llama")),
             ("mixtral_ep2_top1", partial(parity, "mixtral_ep2_top1",
                                          {"expert_parallel_degree": 2}, "mixtral", top_k=1)),
             ("mixtral_ep2_top2_config", partial(
