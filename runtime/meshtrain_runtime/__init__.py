@@ -4,7 +4,8 @@ Public API (loaded on first use, so ``import meshtrain_runtime`` does not import
 bootstrap and the rank entry wrapper import this package before any torch is needed):
 
 - ``init(config=None)``, ``state``, ``is_initialized()``, ``reset()`` — meshtrain_runtime.state
-- ``transform(model, ...)`` — meshtrain_runtime.transform
+- ``transform(model, ...)`` — meshtrain_runtime.parallelize (named apart from the function,
+  so importing the module never rebinds the package attribute ``transform``)
 - ``clip_grad_norm_(model, max_norm)`` — meshtrain_runtime.grad
 - ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
 """
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
     from meshtrain_runtime import state
     from meshtrain_runtime.data import build_sampler, shard_dataset
     from meshtrain_runtime.grad import clip_grad_norm_
+    from meshtrain_runtime.parallelize import transform
     from meshtrain_runtime.state import init, is_initialized, reset
-    from meshtrain_runtime.transform import transform
 
 # public name -> (module, attribute); attribute None means the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -29,7 +30,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     # `state` is the state module: its __getattr__ reads the current RuntimeState, so the
     # package attribute stays right even after `import meshtrain_runtime.state` rebinds it.
     "state": ("meshtrain_runtime.state", None),
-    "transform": ("meshtrain_runtime.transform", "transform"),
+    "transform": ("meshtrain_runtime.parallelize", "transform"),
     "clip_grad_norm_": ("meshtrain_runtime.grad", "clip_grad_norm_"),
     "shard_dataset": ("meshtrain_runtime.data", "shard_dataset"),
     "build_sampler": ("meshtrain_runtime.data", "build_sampler"),

@@ -163,3 +163,15 @@ def test_explicit_blocks_are_used(single_process_runtime) -> None:
     meshtrain_runtime.transform(model, blocks=chosen)
     sharded = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
     assert sharded == ["", "layers.0", "norm"]
+
+
+def test_importing_the_submodule_keeps_transform_callable():
+    import subprocess
+    import sys
+
+    code = ("import meshtrain_runtime as mr\n"
+            "from meshtrain_runtime.parallelize import apply_converters\n"
+            "import meshtrain_runtime.state\n"
+            "assert callable(mr.transform) and mr.transform.__name__ == 'transform'\n"
+            "assert callable(mr.init)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
