@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshtrain.contract import ResolvedDegrees, SMPParameters, parse_smp_parameters
 from meshtrain.contract import resolve_degrees as resolve_contract_degrees
+from meshtrain.contract.distribution import read_parameters_file
 from meshtrain.contract.env import SM_HOST_COUNT, SM_HP_MP_PARAMETERS
 from meshtrain.errors import ConfigError
 
@@ -195,7 +196,7 @@ def load_parameters(config: ConfigSource) -> SMPParameters:
     if isinstance(config, SMPParameters):
         given = config.model_dump(exclude_defaults=True)
     elif isinstance(config, str | os.PathLike):
-        given = _read_json_file(Path(config))
+        given = read_parameters_file(Path(config), what="init(config=...)")
     elif config is None or isinstance(config, dict):
         given = dict(config or {})
     else:
@@ -204,21 +205,6 @@ def load_parameters(config: ConfigSource) -> SMPParameters:
             f"{type(config).__name__}."
         )
     return parse_smp_parameters({**given, **_env_parameters()})
-
-
-def _read_json_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(
-            f"init(config={str(path)!r}): no such file. Pass a dict of SMP parameters or the "
-            "path to a JSON file holding one."
-        )
-    try:
-        loaded = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"init(config={str(path)!r}): not valid JSON ({error}).") from None
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"init(config={str(path)!r}) must hold a JSON object of SMP parameters.")
-    return loaded
 
 
 def _env_parameters() -> dict[str, Any]:

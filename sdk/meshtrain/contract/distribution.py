@@ -226,7 +226,8 @@ def _load_parameters(distribution: dict, base_dir: Path | None) -> tuple[dict, d
         return distribution, {}
     params = mp["parameters"]
     if isinstance(params, str | Path):
-        params = _read_parameters_file(Path(params) if base_dir is None else base_dir / params)
+        params = read_parameters_file(Path(params) if base_dir is None else base_dir / params,
+                                      what="distribution.smdistributed.modelparallel.parameters")
     if not isinstance(params, dict):
         raise ConfigError(
             "distribution.smdistributed.modelparallel.parameters must be a dict or a path to a "
@@ -236,20 +237,21 @@ def _load_parameters(distribution: dict, base_dir: Path | None) -> tuple[dict, d
     return data, dict(params)
 
 
-def _read_parameters_file(path: Path) -> dict:
+def read_parameters_file(path: Path, *, what: str) -> dict:
+    """A JSON file of SMP parameters as a dict; `what` names the argument in errors."""
     if not path.is_file():
         raise ConfigError(
-            f"distribution.smdistributed.modelparallel.parameters: {str(path)!r} is not an "
-            "existing file. Pass a dict or the path to a JSON file of SMP parameters."
+            f"{what}: {str(path)!r} is not an existing file. Pass a dict or the path to a JSON "
+            "file of SMP parameters."
         )
     try:
         loaded = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(
-            f"Cannot parse {str(path)!r} as a JSON file of SMP parameters: {error}"
+            f"{what}: cannot parse {str(path)!r} as a JSON file of SMP parameters: {error}"
         ) from None
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{str(path)!r} must hold a JSON object of SMP parameters")
+        raise ConfigError(f"{what}: {str(path)!r} must hold a JSON object of SMP parameters")
     return loaded
 
 
@@ -287,4 +289,5 @@ __all__ = [
     "did_you_mean",
     "known_smp_keys",
     "parse_smp_parameters",
+    "read_parameters_file",
 ]
