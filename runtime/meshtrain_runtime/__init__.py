@@ -34,6 +34,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "clip_grad_norm_": ("meshtrain_runtime.grad", "clip_grad_norm_"),
     "shard_dataset": ("meshtrain_runtime.data", "shard_dataset"),
     "build_sampler": ("meshtrain_runtime.data", "build_sampler"),
+    "save_checkpoint": ("meshtrain_runtime.checkpoint", "save_checkpoint"),
+    "load_checkpoint": ("meshtrain_runtime.checkpoint", "load_checkpoint"),
+    "latest_checkpoint": ("meshtrain_runtime.checkpoint", "latest_checkpoint"),
 }
 
 __all__ = [
@@ -41,7 +44,10 @@ __all__ = [
     "clip_grad_norm_",
     "init",
     "is_initialized",
+    "latest_checkpoint",
+    "load_checkpoint",
     "reset",
+    "save_checkpoint",
     "shard_dataset",
     "state",
     "transform",

@@ -1,0 +1,98 @@
+"""Sharded checkpoints resume on another layout: losses match one uninterrupted process.
+
+Two torchrun launches share one checkpoint root: 4 ranks train hybrid 2x2 (2 replicas x shard 2)
+for two AdamW steps and save; 2 ranks load that into full sharding and train two more steps,
+then do the same from tp=2 (which also exports the full state dict). This process loads both
+checkpoints into a single rank. Every continued run must match the single-process run of all
+four steps (same seed, same global batch) within 1e-5 in float32.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+WORKERS = Path(__file__).parent / "workers"
+sys.path.insert(0, str(WORKERS))
+import ckpt_support as support  # noqa: E402
+
+from meshtrain_runtime.checkpoint import MARKER_NAME  # noqa: E402
+
+TOLERANCE = 1e-5  # float32 loss, as every parity test here
+AFTER = slice(support.STEPS_BEFORE, support.STEPS_BEFORE + support.STEPS_AFTER)
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def launches(torchrun, tmp_path_factory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    saved = torchrun(WORKERS / "ckpt_save.py", 4, str(root), timeout=300)
+    loaded = torchrun(WORKERS / "ckpt_load.py", 2, str(root), timeout=300)
+    cases = {record["case"]: record for record in saved + loaded}
+    return {"root": root, "cases": cases, "reference": support.reference_losses()}
+
+
+def _case(launches: dict[str, Any], name: str) -> dict[str, Any]:
+    record = launches["cases"][name]
+    assert "error" not in record, record["error"]
+    return record
+
+
+def _max_error(losses: list[float], reference: list[float]) -> float:
+    return max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+
+
+def test_layouts_before_the_save_match_one_process(launches):
+    reference = launches["reference"][: support.STEPS_BEFORE]
+    hybrid = _case(launches, "save_hybrid_2x2")
+    assert (hybrid["replicate"], hybrid["shard"], hybrid["dp_size"]) == (2, 2, 4)
+    assert _max_error(hybrid["losses"], reference) < TOLERANCE
+    tp = _case(launches, "save_tp2")
+    assert tp["tp_size"] == 2
+    assert _max_error(tp["losses"], reference) < TOLERANCE
+    for record in (hybrid, tp):
+        assert (Path(record["saved"]) / MARKER_NAME).is_file()
+        assert Path(record["saved"]).name == "step_00000002"
+
+
+@pytest.mark.parametrize("case, source", [
+    ("hybrid_2x2_to_full_shard_2", "hybrid"),
+    ("tp2_to_full_shard_2", "tp"),
+])
+def test_resume_on_full_shard_two_ranks(launches, case, source):
+    record = _case(launches, case)
+    assert record["step"] == support.STEPS_BEFORE
+    assert record["extra"]["next_step"] == support.STEPS_BEFORE
+    assert Path(record["loaded"]) == launches["root"] / source / "step_00000002"
+    assert _max_error(record["losses"], launches["reference"][AFTER]) < TOLERANCE
+
+
+@pytest.mark.parametrize("source", ["hybrid", "tp"])
+def test_resume_in_one_process(launches, single_process_runtime, source):
+    record = support.load_and_continue(support.FULL_SHARD, launches["root"] / source)
+    assert single_process_runtime.world_size == 1
+    assert record["step"] == support.STEPS_BEFORE
+    assert _max_error(record["losses"], launches["reference"][AFTER]) < TOLERANCE
+
+
+def test_export_from_tp2_is_the_hf_state_dict(launches):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    exported = Path(_case(launches, "save_tp2")["exported"])
+    assert exported == launches["root"] / "export_tp" / "model.safetensors"
+    weights = load_file(str(exported))
+    config = AutoConfig.from_pretrained(exported.parent)  # config.json beside the weights
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and not missing
+    reference = support.reference_weights(support.STEPS_BEFORE)
+    assert set(weights) == set(reference)
+    for name, tensor in weights.items():
+        assert tensor.shape == reference[name].shape, name
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=TOLERANCE)
