@@ -85,7 +85,9 @@ def save_checkpoint(
         target.mkdir(parents=True, exist_ok=True)
         (target / MARKER_NAME).unlink(missing_ok=True)
     _barrier()
-    dcp.save(_training_state(model, optimizer), checkpoint_id=str(target))
+    # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
+    writer = dcp.FileSystemWriter(str(target), overwrite=True)
+    dcp.save(_training_state(model, optimizer), storage_writer=writer)
     _barrier()  # every rank's files are on disk before the marker says so
     if _rank() == 0:
         _write_atomically(target / MARKER_NAME, json.dumps(record, indent=2))
@@ -130,8 +132,8 @@ def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
     `directory` defaults to `default_checkpoint_dir()`. A missing directory means a fresh start
     (None); directories without the completion marker (an interrupted save) are skipped.
     """
+    _check_local(directory)
     root = default_checkpoint_dir() if directory is None else Path(directory)
-    _check_local(root)
     if not root.exists():
         return None
     if not root.is_dir():
@@ -154,8 +156,8 @@ def export_full_state_dict(model: nn.Module, path: PathLike) -> Path | None:
     Uses safetensors when it is installed, else ``torch.save``. Returns the file on rank 0,
     None on the other ranks.
     """
+    _check_local(path)
     target = Path(path)
-    _check_local(target)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(model, options=options)  # collective: gathers to rank 0
     written = None
@@ -177,8 +179,8 @@ def _training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -
 
 
 def _resolve_save_dir(path: PathLike | None, step: int | None) -> Path:
+    _check_local(path)
     root = default_checkpoint_dir() if path is None else Path(path)
-    _check_local(root)
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ConfigError(f"save_checkpoint(step={step!r}): step must be an int >= 0 (the "
                           "training step, used to name step_<n> directories).")
@@ -210,7 +212,7 @@ def _find_loadable(path: PathLike | None) -> tuple[Path, dict[str, Any] | str]:
     """(directory, marker record) or (path, error message); runs on rank 0 only."""
     root = default_checkpoint_dir() if path is None else Path(path)
     try:
-        _check_local(root)
+        _check_local(path)
         if (root / MARKER_NAME).is_file():
             return root, json.loads((root / MARKER_NAME).read_text())
         latest = latest_checkpoint(root)
@@ -273,8 +275,8 @@ def _has_safetensors() -> bool:
     return True
 
 
-def _check_local(path: Path) -> None:
-    if "://" in str(path):
+def _check_local(path: PathLike | None) -> None:
+    if path is not None and "://" in os.fspath(path):
         raise ConfigError(
             f"{str(path)!r}: checkpoints are written to a local or shared file system path. On "
             "SageMaker write to /opt/ml/checkpoints (SM_CHECKPOINT_DIR); checkpoint_s3_uri syncs "
