@@ -8,6 +8,7 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
   so importing the module never rebinds the package attribute ``transform``)
 - ``clip_grad_norm_(model, max_norm)`` — meshtrain_runtime.grad
 - ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
+- ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from meshtrain_runtime import state
+    from meshtrain_runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from meshtrain_runtime.data import build_sampler, shard_dataset
     from meshtrain_runtime.grad import clip_grad_norm_
     from meshtrain_runtime.parallelize import transform
