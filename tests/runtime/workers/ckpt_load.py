@@ -13,13 +13,12 @@ ckpt_save.py wrote ``ROOT/hybrid``. Rank 0 reports one record per case:
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 import ckpt_support as support
 import torch.distributed as dist
-from report import report
+from report import report_cases
 
 import meshtrain_runtime as mr
 from meshtrain_runtime.checkpoint import export_full_state_dict, save_checkpoint
@@ -45,13 +44,7 @@ def main() -> None:
         ("tp2_to_full_shard_2",
          lambda: support.load_and_continue(support.FULL_SHARD, root / "tp")),
     ]
-    for name, run in cases:
-        try:
-            record = {"case": name, **run()}
-        except Exception as error:  # report and go on: one failing case must not hide others
-            record = {"case": name, "error": "".join(traceback.format_exception(error))[-4000:]}
-        if dist.get_rank() == 0:
-            report(record)
+    report_cases(cases)
     mr.reset()
 
 

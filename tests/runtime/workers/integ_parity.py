@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-import traceback
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -26,7 +25,7 @@ import integ_support as support
 import torch
 import torch.distributed as dist
 import tp_models
-from report import report
+from report import report_cases
 from torch.distributed.fsdp import FSDPModule
 
 import meshtrain_runtime as mr
@@ -243,13 +242,7 @@ def main() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     world = int(sys.argv[1])
     dist.init_process_group("gloo")
-    for name, run in cases_for(world):
-        try:
-            record = run()
-        except Exception as error:  # report and go on: one failing layout must not hide others
-            record = {"case": name, "error": "".join(traceback.format_exception(error))[-4000:]}
-        if dist.get_rank() == 0:
-            report(record)
+    report_cases(cases_for(world))
     mr.reset()
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +26,18 @@ def report(record: dict[str, Any]) -> None:
     rank = int(os.environ.get("RANK", "0"))
     with (Path(directory) / f"rank-{rank}.jsonl").open("a") as stream:
         stream.write(json.dumps({"rank": rank, **record}) + "\n")
+
+
+def report_cases(cases: Iterable[tuple[str, Callable[[], dict[str, Any]]]]) -> None:
+    """Run each (name, case) in turn; rank 0 reports its record, or its error and goes on
+    (one failing case must not hide the others)."""
+    import torch.distributed as dist
+
+    for name, run in cases:
+        try:
+            record = {"case": name, **run()}
+        except Exception as error:
+            record = {"case": name,
+                      "error": "".join(traceback.format_exception(error))[-4000:]}
+        if dist.get_rank() == 0:
+            report(record)
