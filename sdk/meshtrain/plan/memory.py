@@ -81,7 +81,9 @@ class Training:
 
 
 @dataclass(frozen=True)
-class BytesPerParam:
+class _StateSplit:
+    """Parameters, gradients and optimizer states, and their sum."""
+
     parameters: int
     gradients: int
     optimizer_states: int
@@ -89,6 +91,11 @@ class BytesPerParam:
     @property
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer_states
+
+
+@dataclass(frozen=True)
+class BytesPerParam(_StateSplit):
+    """A convention's bytes per parameter."""
 
 
 def bytes_per_param(training: Training) -> BytesPerParam:
@@ -101,16 +108,8 @@ def bytes_per_param(training: Training) -> BytesPerParam:
 
 
 @dataclass(frozen=True)
-class ModelStateBytes:
+class ModelStateBytes(_StateSplit):
     """Per-GPU bytes of parameters, gradients and optimizer states."""
-
-    parameters: int
-    gradients: int
-    optimizer_states: int
-
-    @property
-    def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_states
 
 
 def local_shape(group: ParamGroup, tp: int, ep: int) -> list[int]:
