@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from ranks import local
 from torch import nn
-from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from meshtrain_runtime.parallel.tensor import count_collectives
@@ -66,9 +66,6 @@ def _jsonable(value: Any) -> bool:
     return isinstance(value, str | int | float | bool | type(None) | list | dict)
 
 
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor (a DTensor's local tensor)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
