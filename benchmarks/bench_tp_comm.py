@@ -44,7 +44,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshtrain_runtime.parallel.tensor import apply_tensor_parallel, count_collectives
+from meshtrain_runtime.diagnostics.collectives import count_collectives
+from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
 

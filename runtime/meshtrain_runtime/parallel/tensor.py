@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -21,7 +21,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from meshtrain.errors import ConfigError
@@ -377,82 +376,16 @@ def _forward_on_tp_stream(
         return forward(*args, **kwargs)
 
 
-# --- communication accounting ---------------------------------------------------------------
-
-_OP_NAMES = {
-    "all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
-    "all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
-    "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-    "_reduce_scatter_base_": "reduce_scatter", "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast", "broadcast_": "broadcast",
-}
-
-
-@dataclass
-class CollectiveStats:
-    """Collectives of one measured step: counts and payload bytes per (phase, op).
-
-    Payload is the size of the whole logical tensor (an all-gather's output, a
-    reduce-scatter's input), the unit Megatron's formulas use.
-    """
-
-    counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    payload_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
-
-    def add(self, phase: str, op: str, nbytes: int) -> None:
-        self.counts[(phase, op)] = self.counts.get((phase, op), 0) + 1
-        self.payload_bytes[(phase, op)] = self.payload_bytes.get((phase, op), 0) + nbytes
-
-
-class _ByteCountingCommMode(CommDebugMode):
-    """torch's CommDebugMode, also recording each collective's payload bytes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stats = CollectiveStats()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        before = self.get_total_counts()
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if out is not NotImplemented and self.get_total_counts() > before:
-            phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
-            name = func._overloadpacket.__name__
-            self.stats.add(phase, _OP_NAMES.get(name, name), _payload_bytes(name, args))
-        return out
-
-
-def _payload_bytes(name: str, args: tuple) -> int:
-    tensors = args[0] if isinstance(args[0], list | tuple) else [args[0]]
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    if name == "all_gather_into_tensor":
-        return nbytes * int(args[1])  # args: input, group_size, group
-    if name == "_allgather_base_":
-        return args[0].numel() * args[0].element_size()  # args: output, input
-    if name == "_reduce_scatter_base_":
-        return args[1].numel() * args[1].element_size()  # args: output, input
-    return nbytes
-
-
-def count_collectives(step: Callable[[], Any]) -> CollectiveStats:
-    """Run `step` (forward + backward) under torch's CommDebugMode; return its collectives."""
-    mode = _ByteCountingCommMode()
-    with mode:
-        step()
-    return mode.stats
-
-
 def _wildcard(name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in name.split("."))
 
 
 __all__ = [
-    "CollectiveStats",
     "TensorParallelInfo",
     "apply_tensor_parallel",
     "apply_tp_random_seed",
     "attention_head_counts",
     "check_attention_heads",
-    "count_collectives",
     "reduce_partial_gradients",
     "region_seed",
     "replicate_non_tp_parameters",

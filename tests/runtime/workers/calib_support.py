@@ -16,7 +16,7 @@ from ranks import local
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-from meshtrain_runtime.parallel.tensor import count_collectives
+from meshtrain_runtime.diagnostics.collectives import count_collectives
 
 SEED = 0
 VOCAB = 128

@@ -17,11 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from meshtrain.errors import ConfigError
-from meshtrain_runtime.parallel.tensor import (
-    apply_tensor_parallel,
-    count_collectives,
-    region_seed,
-)
+from meshtrain_runtime.diagnostics.collectives import count_collectives
+from meshtrain_runtime.parallel.tensor import apply_tensor_parallel, region_seed
 
 SEED = 1234
 

@@ -1,0 +1,1 @@
+"""Diagnostics: measurements for tests, calibration and benchmarks (never on the training path)."""
