@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -78,3 +79,18 @@ def test_gpu_benchmark_refuses_to_run_without_cuda() -> None:
     )
     assert result.returncode == 2, result.stderr
     assert "needs a CUDA GPU" in result.stderr
+
+
+def test_gpu_benchmark_models_keep_no_kv_cache() -> None:
+    """Every variant of the GPU benchmark trains without a KV cache (it skewed peaks by ~2 GiB)."""
+    import importlib.util
+
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("gpu_activation_offload", BENCHMARK)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--smoke"])
+    for variant in ("torch_none", "torch_ac", "meshtrain_ac"):
+        model = bench.apply_variant(variant, bench.build_model(args, torch.device("cpu")))
+        ids = torch.randint(0, args.vocab, (1, 8))
+        assert model(input_ids=ids).past_key_values is None, variant
