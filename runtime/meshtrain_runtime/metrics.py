@@ -1,52 +1,141 @@
-"""Metric lines for SageMaker's MetricDefinitions: ``log_metric("train:loss", 0.25, step=10)``.
+"""Metric lines for logs, SageMaker's MetricDefinitions and meshtrain's progress display.
 
-Prints ``[meshtrain metric] train:loss=0.25 step=10`` on global rank 0 (the other ranks hold the
-same value in data-parallel training and would only repeat it). Start the job with
-``metric_definitions=meshtrain.backends.sagemaker_metrics.metric_definitions("train:loss")``
-and SageMaker records the value as the metric ``train:loss``. Elsewhere (local jobs, Kubernetes)
-the line is just a log line. Importing this module does not import torch.
+``log(step=10, loss=0.25, tokens=65536)`` prints, on global rank 0, the standard metrics::
+
+    [meshtrain metric] train:loss=0.25 step=10
+    [meshtrain metric] train:tokens_per_sec=31250.0 step=10
+    [meshtrain metric] train:tflops=... step=10        (with a FLOP count, see configure())
+    [meshtrain metric] train:mfu=... step=10           (on a GPU the peak table knows)
+    [meshtrain metric] train:cuda_memory_gib=... step=10 / train:cpu_rss_gib=...
+
+and any further keyword as ``train:<name>``. ``log_metric(name, value, step)`` prints one line of
+any name. The line format is :mod:`meshtrain.contract.metrics`; SageMaker jobs get matching
+MetricDefinitions from the Estimator. Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
+import resource
 import sys
+import time
+from typing import Any
 
-METRIC_LINE_PREFIX = "[meshtrain metric]"
-_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,200}$")
+from meshtrain.contract.metrics import format_metric_line
+from meshtrain_runtime.throughput import FlopCounter, peak_flops_per_device
+
+GIB = 1024**3
 
 
 def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def format_metric_line(name: str, value: float, step: int | None = None) -> str:
-    """The line `log_metric` prints (without the newline)."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"metric name {name!r} is invalid: use 1-200 letters, digits and "
-                         "'_ . : / -', e.g. 'train:loss'.")
-    number = float(value)
-    if not math.isfinite(number):
-        text = "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
-    else:
-        text = repr(number)
-    line = f"{METRIC_LINE_PREFIX} {name}={text}"
-    if step is not None:
-        line += f" step={int(step)}"
-    return line
+def _print_lines(lines: list[str]) -> None:
+    if _is_rank_zero() and lines:
+        print("\n".join(lines), file=sys.stdout, flush=True)
 
 
 def log_metric(name: str, value: float, step: int | None = None) -> None:
     """Print one metric line on global rank 0 (flushed, so the log shows it at once)."""
-    line = format_metric_line(name, value, step)
-    if _is_rank_zero():
-        print(line, file=sys.stdout, flush=True)
+    _print_lines([format_metric_line(name, value, step)])
 
 
 def log_metrics(step: int | None = None, **values: float) -> None:
     """`log_metric` for each keyword, e.g. ``log_metrics(loss=0.25, lr=1e-4, step=10)``."""
-    lines = [format_metric_line(name, value, step) for name, value in values.items()]
-    if _is_rank_zero() and lines:
-        print("\n".join(lines), file=sys.stdout, flush=True)
+    _print_lines([format_metric_line(name, value, step) for name, value in values.items()])
+
+
+class MetricsLogger:
+    """Standard training metrics: loss, throughput (tokens/s, TFLOP/s, MFU) and memory.
+
+    Throughput is measured between consecutive ``log()`` calls (the first call only starts the
+    clock), or over ``seconds=`` when the script timed the interval itself.
+    """
+
+    def __init__(self, flops: FlopCounter | None = None, world_size: int | None = None,
+                 peak_flops: float | None = None) -> None:
+        self.flops = flops
+        self.world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        self.peak_flops = peak_flops
+        self._last: float | None = None
+
+    def values(self, *, loss: float | None = None, tokens: int | None = None,
+               seconds: float | None = None, **more: float) -> dict[str, float]:
+        """The metrics one log() call reports, by full name (``train:...``)."""
+        now = time.perf_counter()
+        if seconds is None and self._last is not None:
+            seconds = now - self._last
+        self._last = now
+        out: dict[str, float] = {}
+        if loss is not None:
+            out["train:loss"] = float(loss)
+        if tokens is not None and seconds:
+            out.update(self.throughput(tokens, seconds))
+        out.update(memory_metrics())
+        out.update({f"train:{name}": float(value) for name, value in more.items()})
+        return out
+
+    def throughput(self, tokens: int, seconds: float) -> dict[str, float]:
+        """tokens/s of the job; with a FLOP count, TFLOP/s per device and MFU against its peak."""
+        out = {"train:tokens_per_sec": tokens / seconds}
+        if self.flops is None:
+            return out
+        flops_per_device = self.flops.per_token * tokens / seconds / self.world_size
+        out["train:tflops"] = flops_per_device / 1e12
+        peak = self.peak_flops if self.peak_flops is not None else peak_flops_per_device()
+        if peak:
+            out["train:mfu"] = flops_per_device / peak
+        return out
+
+    def log(self, step: int | None = None, **values: Any) -> dict[str, float]:
+        """Print the metrics on global rank 0 and return them (every rank)."""
+        metrics = self.values(**values)
+        _print_lines([format_metric_line(name, value, step) for name, value in metrics.items()])
+        return metrics
+
+
+def memory_metrics() -> dict[str, float]:
+    """CUDA allocated and peak (when CUDA is in use) and this process's peak RSS, in GiB."""
+    out: dict[str, float] = {}
+    torch = sys.modules.get("torch")  # only when the script already uses it
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["train:cuda_memory_gib"] = torch.cuda.memory_allocated() / GIB
+        out["train:cuda_peak_memory_gib"] = torch.cuda.max_memory_allocated() / GIB
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    out["train:cpu_rss_gib"] = peak_kib * 1024 / GIB
+    return out
+
+
+_default: MetricsLogger | None = None
+
+
+def configure(model: Any = None, *, seq_len: int | None = None, num_params: int | None = None,
+              num_layers: int | None = None, hidden_size: int | None = None,
+              peak_tflops: float | None = None, world_size: int | None = None) -> MetricsLogger:
+    """Set up ``log()``: with a model (or its sizes) and `seq_len`, TFLOP/s and MFU are reported.
+
+    FLOPs per token are 6·N + 12·L·h·s (N parameters outside the input embeddings, L layers,
+    hidden size h, sequence length s: the matmuls of forward and backward plus attention's
+    scores and values, as PaLM's appendix B counts them). The peak is the device's dense bf16
+    rate from meshtrain's table, or `peak_tflops`.
+    """
+    global _default
+    flops = None
+    if seq_len is not None and (model is not None or num_params is not None):
+        flops = FlopCounter.build(model, seq_len=seq_len, num_params=num_params,
+                                  num_layers=num_layers, hidden_size=hidden_size)
+    peak = peak_tflops * 1e12 if peak_tflops is not None else None
+    _default = MetricsLogger(flops, world_size=world_size, peak_flops=peak)
+    return _default
+
+
+def log(step: int | None = None, **values: Any) -> dict[str, float]:
+    """Print the standard metrics (see the module docstring) with the default logger."""
+    return (_default or configure()).log(step, **values)
+
+
+def reset() -> None:
+    """Forget the default logger (its clock and FLOP count)."""
+    global _default
+    _default = None

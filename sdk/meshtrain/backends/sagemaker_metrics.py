@@ -1,4 +1,4 @@
-"""MetricDefinitions for the metric lines `meshtrain_runtime.metrics.log_metric` prints.
+"""MetricDefinitions for the metric lines `meshtrain_runtime.metrics` prints.
 
 A script calls ``log_metric("train:loss", 0.25, step=10)``, which prints the line
 
@@ -6,43 +6,42 @@ A script calls ``log_metric("train:loss", 0.25, step=10)``, which prints the lin
 
 and the job is started with ``metric_definitions=metric_definitions("train:loss")``: SageMaker
 then applies ``\\[meshtrain metric\\] train:loss=(<number>)`` to the job's logs and records the
-captured number as the metric (CloudWatch, the console, hyperparameter tuning).
+captured number as the metric (CloudWatch, the console, hyperparameter tuning). The line format
+lives in :mod:`meshtrain.contract.metrics`; this module keeps the names users import.
 """
 
 from __future__ import annotations
 
-import re
+from meshtrain.contract.metrics import (
+    METRIC_LINE_PREFIX,
+    NAME_PATTERN,
+    NUMBER_PATTERN,
+    PREFIX_PATTERN,
+    STANDARD_METRICS,
+    check_metric_name,
+    metric_definitions,
+    metric_regex,
+)
 
-from meshtrain.errors import ConfigError
-
-METRIC_LINE_PREFIX = "[meshtrain metric]"
-PREFIX_PATTERN = r"\[meshtrain metric\]"  # plain constructs: SageMaker does not run Python re
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:/-]{1,200}$")
-# A float as Python's repr() writes it (no inf/nan: SageMaker would not parse them anyway).
-NUMBER_PATTERN = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-
-
-def metric_regex(name: str) -> str:
-    """The regex SageMaker applies to the logs to read metric `name`'s value."""
-    check_metric_name(name)
-    return f"{PREFIX_PATTERN} {re.escape(name)}=({NUMBER_PATTERN})"
-
-
-def check_metric_name(name: object) -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise ConfigError(
-            f"metric name {name!r} is invalid: use 1-200 letters, digits and '_ . : / -' "
-            "(e.g. 'train:loss'), so that its log line can be matched exactly."
-        )
-    return name
+__all__ = [
+    "METRIC_LINE_PREFIX",
+    "NAME_PATTERN",
+    "NUMBER_PATTERN",
+    "PREFIX_PATTERN",
+    "check_metric_name",
+    "metric_definitions",
+    "metric_regex",
+    "with_standard_definitions",
+]
 
 
-def metric_definitions(*names: str) -> list[dict[str, str]]:
-    """SageMaker MetricDefinitions for metrics a script logs with meshtrain_runtime's log_metric.
+def with_standard_definitions(definitions: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The user's definitions, then those of meshtrain's standard metrics they do not define.
 
-    >>> metric_definitions("train:loss")[0]["Name"]
-    'train:loss'
+    `meshtrain_runtime.metrics.log()` prints the standard lines, so a job shows loss and throughput
+    in SageMaker's console without the user writing regexes. SageMaker allows 40 definitions: the
+    standard ones only fill what the user left free.
     """
-    if len(set(names)) != len(names):
-        raise ConfigError(f"metric names must be unique, got {list(names)}.")
-    return [{"Name": check_metric_name(name), "Regex": metric_regex(name)} for name in names]
+    taken = {d.get("Name") for d in definitions}
+    extra = [d for d in metric_definitions(*STANDARD_METRICS) if d["Name"] not in taken]
+    return [*definitions, *extra[: max(0, 40 - len(definitions))]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshtrain.backends.sagemaker_metrics import with_standard_definitions
 from meshtrain.backends.sagemaker_options import SageMakerOptions
 from meshtrain.contract.jobspec import JobSpec
 
@@ -114,8 +115,9 @@ def _algorithm_specification(spec: JobSpec, options: SageMakerOptions,
                              ctx: RequestContext) -> dict[str, Any]:
     algorithm: dict[str, Any] = {"TrainingInputMode": spec.input_mode,
                                  "TrainingImage": ctx.image_uri}
-    if spec.metric_definitions:
-        algorithm["MetricDefinitions"] = [dict(m) for m in spec.metric_definitions]
+    # meshtrain_runtime.metrics.log() prints the standard metrics: define them for the console.
+    algorithm["MetricDefinitions"] = with_standard_definitions(
+        [dict(m) for m in spec.metric_definitions])
     if options.enable_sagemaker_metrics is not None:
         algorithm["EnableSageMakerMetricsTimeSeries"] = options.enable_sagemaker_metrics
     return algorithm

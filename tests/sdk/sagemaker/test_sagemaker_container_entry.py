@@ -22,6 +22,7 @@ from sagemaker_moto import REGION, ROLE
 
 from meshtrain import Estimator
 from meshtrain.backends.sagemaker_metrics import metric_definitions
+from meshtrain.contract.metrics import STANDARD_METRICS
 
 TRAIN = Path(__file__).resolve().parents[3] / "containers" / "train"
 SCRIPT = """\
@@ -118,5 +119,6 @@ def test_train_entry_runs_the_job_meshtrain_submitted(aws, tmp_path):
         assert report["job"] == "container-run" and report["nccl_debug"] == "WARN"
         assert report["unknown_args"] == ["--mp_parameters", "hybrid_shard_degree=2"]
     # the metric line the rank printed is what the MetricDefinitions sent capture
-    (definition,) = request["AlgorithmSpecification"]["MetricDefinitions"]
+    definition, *standard = request["AlgorithmSpecification"]["MetricDefinitions"]
+    assert [d["Name"] for d in standard] == [n for n in STANDARD_METRICS if n != definition["Name"]]
     assert re.findall(definition["Regex"], done.stdout) == ["0.5"]

@@ -17,7 +17,8 @@ from sagemaker_moto import DEFAULT_BUCKET, REGION, ROLE, sagemaker_backend
 
 import meshtrain
 from meshtrain import ConfigError, Estimator
-from meshtrain.backends.sagemaker_metrics import metric_definitions
+from meshtrain.backends.sagemaker_metrics import metric_definitions, with_standard_definitions
+from meshtrain.contract.metrics import STANDARD_METRICS
 
 GOLDEN = Path(__file__).parent / "golden"
 DLC_IMAGE = ("pytorch-training:"
@@ -50,8 +51,23 @@ def assert_fields_match(actual: dict, expected: dict) -> None:
 
 
 def sent_request(server) -> dict:
+    """The CreateTrainingJob request as it reached the server."""
     (create,) = server.find("SageMaker.CreateTrainingJob")
     return create.json()
+
+
+def assert_sdk_request(server, name: str) -> None:
+    """The request equals golden file `name` (the SDK's encoding) but for one intended
+    difference: meshtrain appends the standard metrics' definitions the user left free."""
+    expected, request = golden(name), sent_request(server)
+    user = expected["AlgorithmSpecification"].get("MetricDefinitions", [])
+    sent = request["AlgorithmSpecification"].pop("MetricDefinitions")
+    assert sent == with_standard_definitions(user)
+    assert [d["Name"] for d in sent[len(user):]] == [
+        n for n in STANDARD_METRICS if n not in {d["Name"] for d in user}]
+    if user:
+        request["AlgorithmSpecification"]["MetricDefinitions"] = sent[: len(user)]
+    assert_fields_match(request, expected)
 
 
 def test_no_distribution_matches_the_sdk_encoding(aws, source):
@@ -61,7 +77,7 @@ def test_no_distribution_matches_the_sdk_encoding(aws, source):
                                            "use_bf16": True})
     job = estimator.fit("s3://training-data-bucket/datasets/train", job_name="golden-none",
                         wait=False)
-    assert_fields_match(sent_request(aws), golden("none"))
+    assert_sdk_request(aws, "none")
     assert job.name == "golden-none"
     # the default bucket: checked with the expected owner, created, then the code, then the job
     ops = aws.operations()
@@ -91,7 +107,7 @@ def test_torch_distributed_matches_the_sdk_encoding(aws, source, tmp_path, monke
         subnets=["subnet-0abc"], security_group_ids=["sg-0def"],
         encrypt_inter_container_traffic=True, max_retry_attempts=3, disable_profiler=True)
     estimator.fit(job_name="golden-torchrun", wait=False)
-    assert_fields_match(sent_request(aws), golden("torch_distributed"))
+    assert_sdk_request(aws, "torch_distributed")
 
 
 def test_smp_v2_matches_the_sdk_encoding(aws, source):
@@ -112,7 +128,7 @@ def test_smp_v2_matches_the_sdk_encoding(aws, source):
               "validation": {"uri": "s3://training-data-bucket/llama/val",
                              "content_type": "application/x-parquet"}}
     estimator.fit(inputs, job_name="golden-smp-v2", wait=False)
-    assert_fields_match(sent_request(aws), golden("smp_v2"))
+    assert_sdk_request(aws, "smp_v2")
     # output_path given: no account lookup, no default bucket; code in the output bucket
     assert aws.operations() == ["S3 PUT /my-output-bucket/golden-smp-v2/source/sourcedir.tar.gz",
                                 "SageMaker.CreateTrainingJob"]
