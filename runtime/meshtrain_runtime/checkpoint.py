@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -43,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
 from meshtrain.errors import ConfigError
+from meshtrain_runtime.checkpoint_rng import restore_rng_states, save_rng_states
 
 MARKER_NAME = "meshtrain-checkpoint.json"
 FORMAT_VERSION = 1
@@ -68,31 +70,133 @@ def save_checkpoint(
     *,
     step: int | None = None,
     extra: dict[str, Any] | None = None,
-) -> Path:
+    async_: bool = False,
+    keep_last: int | None = None,
+) -> Path | PendingCheckpoint:
     """Save `model` (and `optimizer`) as a sharded DCP checkpoint; call on every rank.
 
     - `path`: the checkpoint root; None = `default_checkpoint_dir()`. With `step`, the files go
       to ``<path>/step_<step>`` (what `latest_checkpoint` finds); without it, to `path` itself.
     - `extra`: JSON-serialisable values to get back from `load_checkpoint` (data position,
-      scheduler state ...). Stored in the marker with `step`.
+      scheduler state ...). Stored in the marker with `step`. Each rank's RNG states are saved
+      too and restored by a resume on the same world size.
+    - `async_`: copy the state to CPU now, write the files in the background (torch DCP's
+      ``async_save`` on a process group of its own) and return a :class:`PendingCheckpoint`;
+      the marker is written once every rank's files are on disk. A later save first waits for
+      an earlier one to finish.
+    - `keep_last`: once this save completes, delete all but the newest `keep_last` completed
+      ``step_<n>`` directories under `path` (and interrupted ones older than this step).
 
-    Returns the directory written. Saving again into a completed directory first removes its
-    marker, so a crash mid-save never leaves an old marker over new, partial files.
+    Returns the directory written (sync), or the pending save. Saving again into a completed
+    directory first removes its marker, so a crash mid-save never leaves an old marker over new,
+    partial files.
     """
+    wait_for_pending_save()
     target = _resolve_save_dir(path, step)
     record = _marker_record(step, extra, optimizer is not None)
+    root = None if step is None else target.parent
+    _check_keep_last(keep_last, step)
     if _rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
         (target / MARKER_NAME).unlink(missing_ok=True)
     _barrier()
+    save_rng_states(target, _rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
     writer = dcp.FileSystemWriter(str(target), overwrite=True)
-    dcp.save(_training_state(model, optimizer), storage_writer=writer)
+    state = _training_state(model, optimizer)
+    complete = partial(_complete, target, record, root, keep_last)
+    if async_:
+        global _pending
+        future = dcp.async_save(state, storage_writer=writer, process_group=_async_group())
+        _pending = PendingCheckpoint(target, future, complete)
+        return _pending
+    dcp.save(state, storage_writer=writer)
     _barrier()  # every rank's files are on disk before the marker says so
-    if _rank() == 0:
-        _write_atomically(target / MARKER_NAME, json.dumps(record, indent=2))
+    complete()
     _barrier()
     return target
+
+
+class PendingCheckpoint:
+    """An asynchronous save in flight: `wait()` (on every rank) returns its directory."""
+
+    def __init__(self, path: Path, future: Any, complete: Any) -> None:
+        self.path = path
+        self._future = future
+        self._complete = complete
+        self._finished = False
+
+    def done(self) -> bool:
+        """This rank's files are written (the marker may still be pending on rank 0)."""
+        return self._future.done()
+
+    def wait(self) -> Path:
+        """Block until every rank's files and the marker are on disk; collective."""
+        global _pending
+        if not self._finished:
+            self._future.result()  # DCP's errors surface here
+            _barrier()  # every rank's files are on disk: now the marker may say so
+            self._complete()
+            _barrier()
+            self._finished = True
+        if _pending is self:
+            _pending = None
+        return self.path
+
+
+_pending: PendingCheckpoint | None = None
+_async_groups: dict[int, dist.ProcessGroup] = {}
+
+
+def wait_for_pending_save() -> Path | None:
+    """Finish the asynchronous save in flight, if any (collective); its directory or None."""
+    return _pending.wait() if _pending is not None else None
+
+
+def _async_group() -> dist.ProcessGroup | None:
+    """A gloo group of its own for background saves, so their collectives never interleave
+    with the training step's on the default group (one per default group, made on first use)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    key = id(dist.distributed_c10d._get_default_group())
+    if key not in _async_groups:
+        _async_groups[key] = dist.new_group(backend="gloo")
+    return _async_groups[key]
+
+
+def _complete(target: Path, record: dict[str, Any], root: Path | None,
+              keep_last: int | None) -> None:
+    """Rank 0, after every rank's files are written: the marker, then pruning."""
+    if _rank() != 0:
+        return
+    _write_atomically(target / MARKER_NAME, json.dumps(record, indent=2))
+    if root is not None and keep_last is not None:
+        prune_checkpoints(root, keep_last, newest=record["step"])
+
+
+def prune_checkpoints(root: PathLike, keep_last: int, *, newest: int | None = None) -> list[Path]:
+    """Delete all but the newest `keep_last` completed step directories under `root`, and
+    interrupted ones older than `newest`; return what was deleted."""
+    steps = sorted((int(m.group(1)), child) for child in Path(root).iterdir()
+                   if (m := _STEP_DIR.match(child.name)))
+    completed = [(n, d) for n, d in steps if (d / MARKER_NAME).is_file()]
+    keep = {d for _, d in completed[-keep_last:]}
+    doomed = [d for n, d in steps if d not in keep and (
+        (d / MARKER_NAME).is_file() or (newest is not None and n < newest))]
+    for directory in doomed:
+        shutil.rmtree(directory, ignore_errors=True)
+    return doomed
+
+
+def _check_keep_last(keep_last: int | None, step: int | None) -> None:
+    if keep_last is None:
+        return
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ConfigError(f"save_checkpoint(keep_last={keep_last!r}): keep_last is the number "
+                          "of completed step_<n> directories to keep, an int >= 1.")
+    if step is None:
+        raise ConfigError("save_checkpoint(keep_last=...) prunes step_<n> directories, so it "
+                          "needs step=<the training step>.")
 
 
 def load_checkpoint(
@@ -105,8 +209,11 @@ def load_checkpoint(
     `path` is a directory `save_checkpoint` completed, or a root of step directories (the latest
     completed one is loaded); None = `default_checkpoint_dir()`. Transform the model and create
     the optimizer first: the checkpoint fills their (sharded) tensors in place.
-    Returns ``{"step": int | None, "extra": dict, "path": str}``.
+    Returns ``{"step": int | None, "extra": dict, "path": str, "rng_restored": bool}``: each
+    rank's RNG states come back when the world size is the one that saved. An asynchronous save
+    still in flight is finished first.
     """
+    wait_for_pending_save()
     target, record = _broadcast_from_rank0(_find_loadable, path)
     if isinstance(record, str):  # rank 0 found a problem: every rank raises the same error
         raise ConfigError(record)
@@ -123,7 +230,10 @@ def load_checkpoint(
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-    return {"step": record["step"], "extra": record["extra"], "path": str(target)}
+    same_world = record.get("world_size") == _world_size()
+    restored = same_world and restore_rng_states(target, _rank())
+    return {"step": record["step"], "extra": record["extra"], "path": str(target),
+            "rng_restored": restored}
 
 
 def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
@@ -145,26 +255,6 @@ def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
         if match and (child / MARKER_NAME).is_file():
             steps.append((int(match.group(1)), child))
     return max(steps)[1] if steps else None
-
-
-def export_full_state_dict(model: nn.Module, path: PathLike) -> Path | None:
-    """Write the full, unsharded model state dict on rank 0 for serving; call on every rank.
-
-    The keys are the model's own (for a Hugging Face model its HF names, so
-    ``from_pretrained`` reads it). `path` is a file, or a directory (then ``model.safetensors``
-    or ``pytorch_model.bin`` inside, plus the HF ``config.json`` when the model has one).
-    Uses safetensors when it is installed, else ``torch.save``. Returns the file on rank 0,
-    None on the other ranks.
-    """
-    _check_local(path)
-    target = Path(path)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = get_model_state_dict(model, options=options)  # collective: gathers to rank 0
-    written = None
-    if _rank() == 0:
-        written = _write_full(full, target, getattr(model, "config", None))
-    _barrier()
-    return written
 
 
 # --- helpers ---
@@ -235,46 +325,6 @@ def _broadcast_from_rank0(fn: Any, *args: Any) -> Any:
     return value[0]
 
 
-def _write_full(state: dict[str, torch.Tensor], target: Path, config: Any) -> Path:
-    if target.is_dir() or not target.suffix:
-        target.mkdir(parents=True, exist_ok=True)
-        if config is not None and hasattr(config, "save_pretrained"):
-            config.save_pretrained(target)
-        target = target / ("model.safetensors" if _has_safetensors() else "pytorch_model.bin")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tensors = _unshared(state)
-    if target.suffix == ".safetensors":
-        if not _has_safetensors():
-            raise ConfigError(f"{target} asks for safetensors, which is not installed: "
-                              "`pip install safetensors` or use a .bin / .pt file name.")
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(target), metadata={"format": "pt"})
-    else:
-        torch.save(tensors, target)
-    return target
-
-
-def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous tensors, tied weights copied apart (safetensors refuses shared storage)."""
-    seen: set[int] = set()
-    out = {}
-    for name, tensor in state.items():
-        tensor = tensor.detach().contiguous()
-        pointer = tensor.untyped_storage().data_ptr()
-        out[name] = tensor.clone() if pointer in seen else tensor
-        seen.add(pointer)
-    return out
-
-
-def _has_safetensors() -> bool:
-    try:
-        import safetensors.torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _check_local(path: PathLike | None) -> None:
     if path is not None and "://" in os.fspath(path):
         raise ConfigError(
@@ -305,10 +355,22 @@ def _barrier() -> None:
 
 __all__ = [
     "MARKER_NAME",
+    "PendingCheckpoint",
     "default_checkpoint_dir",
-    "export_full_state_dict",
     "latest_checkpoint",
     "load_checkpoint",
+    "prune_checkpoints",
     "save_checkpoint",
     "step_dir",
+    "wait_for_pending_save",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # export_full_state_dict lives in checkpoint_export (which imports this module's helpers);
+    # it stays importable from here, where the docs have always put it.
+    if name == "export_full_state_dict":
+        from meshtrain_runtime.checkpoint_export import export_full_state_dict
+
+        return export_full_state_dict
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

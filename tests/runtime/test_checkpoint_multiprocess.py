@@ -1,10 +1,12 @@
 """Sharded checkpoints resume on another layout: losses match one uninterrupted process.
 
-Two torchrun launches share one checkpoint root: 4 ranks train hybrid 2x2 (2 replicas x shard 2)
-for two AdamW steps and save; 2 ranks load that into full sharding and train two more steps,
-then do the same from tp=2 (which also exports the full state dict). This process loads both
-checkpoints into a single rank. Every continued run must match the single-process run of all
-four steps (same seed, same global batch) within 1e-5 in float32.
+Two torchrun launches share one checkpoint root: 4 ranks train two AdamW steps and save on
+hybrid 2x2 (2 replicas x shard 2; once synchronously, once asynchronously while a third step
+trains), tp 2 x shard 2, and a Mixtral on ep 2; 2 ranks load each into full sharding (ep 1) and
+train two more steps, save tp=2 (which also exports the full state dict) and a Mixtral on ep 1,
+and resume that on ep 2. This process loads checkpoints into a single rank. Every continued run
+must match the single-process run of all four steps (same seed, same global batch) within 1e-5
+in float32.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def launches(torchrun, tmp_path_factory) -> dict[str, Any]:
     saved = torchrun(WORKERS / "ckpt_save.py", 4, str(root), timeout=300)
     loaded = torchrun(WORKERS / "ckpt_load.py", 2, str(root), timeout=300)
     cases = {record["case"]: record for record in saved + loaded}
-    return {"root": root, "cases": cases, "reference": support.reference_losses()}
+    return {"root": root, "cases": cases, "reference": support.reference_losses(),
+            "reference_mixtral": support.reference_losses("mixtral")}
 
 
 def _case(launches: dict[str, Any], name: str) -> dict[str, Any]:
@@ -60,24 +63,49 @@ def test_layouts_before_the_save_match_one_process(launches):
         assert Path(record["saved"]).name == "step_00000002"
 
 
-@pytest.mark.parametrize("case, source", [
-    ("hybrid_2x2_to_full_shard_2", "hybrid"),
-    ("tp2_to_full_shard_2", "tp"),
+@pytest.mark.parametrize("case, layout", [
+    ("save_hybrid_2x2_async", (4, 2, 2, 1, 1)),
+    ("save_tp2_shard2", (2, 1, 2, 2, 1)),
+    ("save_ep2", (4, 1, 4, 1, 2)),
 ])
-def test_resume_on_full_shard_two_ranks(launches, case, source):
+def test_other_layouts_before_the_save_match_one_process(launches, case, layout):
+    record = _case(launches, case)
+    shape = (record["dp_size"], record["replicate"], record["shard"], record["tp_size"],
+             record["ep_size"])
+    assert shape == layout
+    reference = launches["reference_mixtral" if "ep" in case else "reference"]
+    assert _max_error(record["losses"], reference[: support.STEPS_BEFORE]) < TOLERANCE
+    assert (Path(record["saved"]) / MARKER_NAME).is_file()
+
+
+@pytest.mark.parametrize("case, source, model, saved_on", [
+    ("hybrid_2x2_to_full_shard_2", "hybrid", "llama", 4),
+    ("tp2_to_full_shard_2", "tp", "llama", 2),
+    ("hybrid_2x2_async_to_full_shard_2", "hybrid_async", "llama", 4),
+    ("tp2_shard2_to_full_shard_2", "tp2_shard2", "llama", 4),
+    ("ep2_to_ep1", "ep2", "mixtral", 4),
+    ("ep1_to_ep2", "ep1", "mixtral", 2),
+])
+def test_resume_on_another_layout_of_two_ranks(launches, case, source, model, saved_on):
     record = _case(launches, case)
     assert record["step"] == support.STEPS_BEFORE
     assert record["extra"]["next_step"] == support.STEPS_BEFORE
+    # each rank's RNG streams come back only on the world size that saved them
+    assert record["rng_restored"] is (saved_on == 2)
     assert Path(record["loaded"]) == launches["root"] / source / "step_00000002"
-    assert _max_error(record["losses"], launches["reference"][AFTER]) < TOLERANCE
+    reference = launches["reference_mixtral" if model == "mixtral" else "reference"]
+    assert _max_error(record["losses"], reference[AFTER]) < TOLERANCE
 
 
-@pytest.mark.parametrize("source", ["hybrid", "tp"])
-def test_resume_in_one_process(launches, single_process_runtime, source):
-    record = support.load_and_continue(support.FULL_SHARD, launches["root"] / source)
+@pytest.mark.parametrize("source, model", [
+    ("hybrid", "llama"), ("tp", "llama"), ("tp2_shard2", "llama"), ("ep2", "mixtral"),
+])
+def test_resume_in_one_process(launches, single_process_runtime, source, model):
+    record = support.load_and_continue(support.FULL_SHARD, launches["root"] / source, model)
     assert single_process_runtime.world_size == 1
     assert record["step"] == support.STEPS_BEFORE
-    assert _max_error(record["losses"], launches["reference"][AFTER]) < TOLERANCE
+    reference = launches["reference_mixtral" if model == "mixtral" else "reference"]
+    assert _max_error(record["losses"], reference[AFTER]) < TOLERANCE
 
 
 def test_export_from_tp2_is_the_hf_state_dict(launches):

@@ -7,7 +7,11 @@ ckpt_save.py wrote ``ROOT/hybrid``. Rank 0 reports one record per case:
   completed step) into full sharding on 2 ranks, train two more steps;
 - ``save_tp2``: tp=2 (no FSDP) trains two steps, saves ``ROOT/tp`` and exports the full state
   dict to ``ROOT/export_tp`` (HF layout, safetensors);
-- ``tp2_to_full_shard_2``: load that checkpoint into full sharding on 2 ranks, two more steps.
+- ``tp2_to_full_shard_2``: load that checkpoint into full sharding on 2 ranks, two more steps;
+- ``hybrid_2x2_async_to_full_shard_2``, ``tp2_shard2_to_full_shard_2``: the same from the
+  asynchronously saved hybrid checkpoint and from tp 2 x shard 2;
+- ``ep2_to_ep1``: the Mixtral saved with ep 2 resumed without expert parallelism (full shard);
+- ``save_ep1`` / ``ep1_to_ep2``: and back: ep 1 on 2 ranks saves, ep 2 on 2 ranks resumes.
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ def main() -> None:
         ("save_tp2", lambda: save_tp2(root)),
         ("tp2_to_full_shard_2",
          lambda: support.load_and_continue(support.FULL_SHARD, root / "tp")),
+        ("hybrid_2x2_async_to_full_shard_2",
+         lambda: support.load_and_continue(support.FULL_SHARD, root / "hybrid_async")),
+        ("tp2_shard2_to_full_shard_2",
+         lambda: support.load_and_continue(support.FULL_SHARD, root / "tp2_shard2")),
+        ("ep2_to_ep1",
+         lambda: support.load_and_continue(support.FULL_SHARD, root / "ep2", kind="mixtral")),
+        ("save_ep1",
+         lambda: support.train_and_save(support.FULL_SHARD, root / "ep1", kind="mixtral")),
+        ("ep1_to_ep2",
+         lambda: support.load_and_continue(support.EP2, root / "ep1", kind="mixtral")),
     ]
     report_cases(cases)
     mr.reset()

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 import meshtrain_runtime as mr
 from meshtrain_runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -28,15 +28,20 @@ STEPS_AFTER = 2  # steps trained after the load
 HYBRID_2X2 = {"hybrid_shard_degree": 2}  # 4 ranks: 2 replicas x shard 2
 TP2 = {"tensor_parallel_degree": 2}  # 2 ranks: tensor parallelism alone (no FSDP)
 FULL_SHARD: dict[str, Any] = {}  # every rank in one sharding group
+TP2_SHARD2 = {"tensor_parallel_degree": 2}  # 4 ranks: tp 2 x shard 2 (the largest shard degree)
+EP2 = {"expert_parallel_degree": 2}  # experts split over 2 ranks, carved out of the shard group
 
 
-def build_model() -> nn.Module:
-    """The same tiny Llama on every rank and in every process (seed 0)."""
-    config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                         max_position_embeddings=32)
+def build_model(kind: str = "llama") -> nn.Module:
+    """The same tiny Llama (or Mixtral, for expert parallelism) everywhere (seed 0)."""
+    sizes = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+             "max_position_embeddings": 32}
     torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    if kind == "mixtral":
+        return MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=4,
+                                                num_experts_per_tok=2))
+    return LlamaForCausalLM(LlamaConfig(**sizes))
 
 
 def global_batch(step: int) -> torch.Tensor:
@@ -71,36 +76,45 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> l
     return losses
 
 
-def start(params: dict[str, Any]) -> tuple[nn.Module, torch.optim.Optimizer]:
+def start(params: dict[str, Any], kind: str = "llama") -> tuple[nn.Module, torch.optim.Optimizer]:
     """init(params) + transform: a fresh model of this layout and its optimizer."""
     mr.reset()
     mr.init(params)
-    model = mr.transform(build_model())
+    model = mr.transform(build_model(kind))
     return model, torch.optim.AdamW(model.parameters(), lr=LR)
 
 
-def train_and_save(params: dict[str, Any], root: Path) -> dict[str, Any]:
-    """Layout A: STEPS_BEFORE steps, then save_checkpoint(step=STEPS_BEFORE)."""
-    model, optimizer = start(params)
+def train_and_save(params: dict[str, Any], root: Path, kind: str = "llama",
+                   async_: bool = False) -> dict[str, Any]:
+    """Layout A: STEPS_BEFORE steps, then save_checkpoint(step=STEPS_BEFORE).
+
+    With `async_`, the save runs in the background while one more step trains (and changes the
+    weights): the checkpoint must still hold the state of step STEPS_BEFORE.
+    """
+    model, optimizer = start(params, kind)
     losses = train(model, optimizer, range(STEPS_BEFORE))
-    saved = save_checkpoint(root, model, optimizer, step=STEPS_BEFORE,
+    saved = save_checkpoint(root, model, optimizer, step=STEPS_BEFORE, async_=async_,
                             extra={"layout": params, "next_step": STEPS_BEFORE})
+    if async_:
+        train(model, optimizer, range(STEPS_BEFORE, STEPS_BEFORE + 1))
+        saved = saved.wait()
     return {"losses": losses, "saved": str(saved)}
 
 
-def load_and_continue(params: dict[str, Any], path: Path) -> dict[str, Any]:
+def load_and_continue(params: dict[str, Any], path: Path, kind: str = "llama") -> dict[str, Any]:
     """Layout B: load the checkpoint into a fresh model and optimizer, train STEPS_AFTER steps."""
-    model, optimizer = start(params)
+    model, optimizer = start(params, kind)
     info = load_checkpoint(path, model, optimizer)
     first = info["extra"]["next_step"]
     losses = train(model, optimizer, range(first, first + STEPS_AFTER))
     return {"losses": losses, "step": info["step"], "extra": info["extra"],
+            "rng_restored": info["rng_restored"],
             "loaded": info["path"]}
 
 
-def reference_losses() -> list[float]:
+def reference_losses(kind: str = "llama") -> list[float]:
     """The uninterrupted single-process run: all steps, the whole global batch, plain model."""
-    model = build_model()
+    model = build_model(kind)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS_BEFORE + STEPS_AFTER):

@@ -1,0 +1,86 @@
+"""The full, unsharded model state dict for serving: one file on rank 0, HF names and config.
+
+``export_full_state_dict`` gathers the sharded model (FSDP2, TP, EP DTensors) with torch's
+``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` and writes it with safetensors
+when installed, else ``torch.save``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from meshtrain.errors import ConfigError
+from meshtrain_runtime.checkpoint import PathLike, _barrier, _check_local, _rank
+
+
+def export_full_state_dict(model: nn.Module, path: PathLike) -> Path | None:
+    """Write the full, unsharded model state dict on rank 0 for serving; call on every rank.
+
+    The keys are the model's own (for a Hugging Face model its HF names, so
+    ``from_pretrained`` reads it). `path` is a file, or a directory (then ``model.safetensors``
+    or ``pytorch_model.bin`` inside, plus the HF ``config.json`` when the model has one).
+    Uses safetensors when it is installed, else ``torch.save``. Returns the file on rank 0,
+    None on the other ranks.
+    """
+    _check_local(path)
+    target = Path(path)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=options)  # collective: gathers to rank 0
+    written = None
+    if _rank() == 0:
+        written = _write_full(full, target, getattr(model, "config", None))
+    _barrier()
+    return written
+
+
+
+# --- helpers ---
+
+
+def _write_full(state: dict[str, torch.Tensor], target: Path, config: Any) -> Path:
+    if target.is_dir() or not target.suffix:
+        target.mkdir(parents=True, exist_ok=True)
+        if config is not None and hasattr(config, "save_pretrained"):
+            config.save_pretrained(target)
+        target = target / ("model.safetensors" if _has_safetensors() else "pytorch_model.bin")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tensors = _unshared(state)
+    if target.suffix == ".safetensors":
+        if not _has_safetensors():
+            raise ConfigError(f"{target} asks for safetensors, which is not installed: "
+                              "`pip install safetensors` or use a .bin / .pt file name.")
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(target), metadata={"format": "pt"})
+    else:
+        torch.save(tensors, target)
+    return target
+
+
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors, tied weights copied apart (safetensors refuses shared storage)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach().contiguous()
+        pointer = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if pointer in seen else tensor
+        seen.add(pointer)
+    return out
+
+
+def _has_safetensors() -> bool:
+    try:
+        import safetensors.torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+
+__all__ = ["export_full_state_dict"]
