@@ -74,7 +74,7 @@ def test_interrupted_save_is_ignored_by_latest_and_load(tmp_path, monkeypatch):
     assert latest_checkpoint(tmp_path) == first
     restored = _model(5)
     info = load_checkpoint(tmp_path, restored)  # the root: its latest completed step
-    assert info == {"step": 1, "extra": {"epoch": 0}, "path": str(first)}
+    assert info == {"step": 1, "extra": {"epoch": 0}, "path": str(first), "rng_restored": True}
     assert _same_weights(restored, model)
     with pytest.raises(ConfigError, match="no completed checkpoint"):
         load_checkpoint(interrupted, _model(5))
