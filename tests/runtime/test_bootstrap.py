@@ -9,6 +9,7 @@ import tarfile
 import pytest
 
 from meshtrain.contract import JobSpec, OptMLPaths
+from meshtrain.contract.failures import RankFailure
 from meshtrain.contract.jobspec import write_host_config
 from meshtrain_runtime import bootstrap
 from meshtrain_runtime.host import HostContract, build_sm_env
@@ -39,7 +40,7 @@ def test_torchrun_command_uses_static_rendezvous_with_algo1_as_node0(tmp_path):
     contract = host_tree(tmp_path)
     command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
     text = " ".join(command)
-    assert "-m torch.distributed.run --nnodes 3 --nproc-per-node 4" in text
+    assert "-m meshtrain_runtime.agent_entry --nnodes 3 --nproc-per-node 4" in text  # torchrun
     assert "--master-addr algo-1 --master-port 7777 --node-rank 1" in text
     assert text.endswith(f"-m meshtrain_runtime.rank_entry {contract.paths.code_dir}/train.py "
                          '--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x')
@@ -69,7 +70,7 @@ def test_sm_environment(tmp_path):
 
 
 def test_failure_message_puts_the_rank_error_first_and_flags_oom():
-    error = {"rank": 3, "host": "algo-2", "message": "ValueError: bad", "traceback": "Traceback"}
+    error = RankFailure("algo-2", 3, 0.0, "exception", "ValueError: bad", "Traceback")
     text = bootstrap.failure_message(1, ["torchrun", "x.py"], error, "tail")
     assert text.startswith('ExecuteUserScriptError:\nExitCode 1\nErrorMessage "rank 3 on algo-2: '
                            "ValueError: bad")
