@@ -124,6 +124,16 @@ def _read_json_files(paths: list[Path]) -> list:
     return found
 
 
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*$", re.MULTILINE)
+
+
+def exited(host: str, rank: int | None, code: int, when: float, tail: str) -> RankFailure:
+    """A process that exited non-zero without a record: its last exception line, if any."""
+    matches = [m.group(0).strip() for m in EXCEPTION_LINE.finditer(tail)]
+    message = f"exited with code {code}" + (f": {matches[-1]}" if matches else "")
+    return RankFailure(host, rank, when, "exit", message, tail)
+
+
 def collect_failures(host: str, error_dir: Path, code: int, tail: str,
                      stopped_by: int | None, rank_of_child: int | None) -> list[RankFailure]:
     """Every failure this host saw: ranks that raised (rank-*.json, written by rank_entry),
@@ -140,8 +150,7 @@ def collect_failures(host: str, error_dir: Path, code: int, tail: str,
             if exitcode < 0:
                 failures[rank] = killed_by(host, rank, -exitcode, item["time"])
             else:
-                failures[rank] = RankFailure(host, rank, item["time"], "exit",
-                                             f"exited with code {exitcode}", tail)
+                failures[rank] = exited(host, rank, exitcode, item["time"], tail)
     if failures:
         return sorted(failures.values(), key=lambda f: f.time)
     now = time.time()
@@ -149,7 +158,7 @@ def collect_failures(host: str, error_dir: Path, code: int, tail: str,
         return [killed_by(host, None, stopped_by, now, verb="stopped by")]
     if code < 0:
         return [killed_by(host, rank_of_child, -code, now)]
-    return [RankFailure(host, rank_of_child, now, "exit", f"exited with code {code}", tail)]
+    return [exited(host, rank_of_child, code, now, tail)]
 
 
 def failure_message(code: int, command: list[str], root: RankFailure | None, tail: str,

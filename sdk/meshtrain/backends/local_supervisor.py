@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +40,7 @@ FAILURE_SETTLE_SECONDS = 5.0
 FAILURE_REASON_LIMIT = 1024  # SageMaker keeps the first 1024 characters of the failure file
 ALGORITHM_ERROR = "AlgorithmError: "
 TAIL_LINES = 30
+FULL_DISK_BYTES = 1 << 20  # less free space than this under the job directory: a full disk
 
 
 def free_port() -> int:
@@ -75,7 +77,7 @@ class Supervisor:
         self.token = job_dir.read_token()
         self.hosts: dict[str, subprocess.Popen] = {}
         self.tails: dict[str, deque[str]] = {}
-        self.first_failed: str | None = None
+        self.failed_hosts: list[str] = []  # hosts that failed before any was stopped
         self.resource_fault: str | None = None
         self.stop_requested = threading.Event()
         self.log_lock = threading.Lock()
@@ -142,11 +144,9 @@ class Supervisor:
             failed = [h for h, code in codes.items() if code not in (None, 0)]
             if self.stop_requested.is_set():
                 return "Stopped", None
-            if self.resource_fault:
-                return "Failed", self.resource_fault
-            if failed:
-                self.first_failed = failed[0]
+            if failed or self.resource_fault:
                 self._settle()
+                self.failed_hosts = [h for h, p in self.hosts.items() if p.poll() not in (None, 0)]
                 return "Failed", None
             if all(code == 0 for code in codes.values()):
                 return "Completed", None
@@ -163,6 +163,26 @@ class Supervisor:
             time.sleep(0.1)
 
     def failure_reason(self) -> str:
+        """Why the job failed: the hosts' root cause, then a fault of the supervisor's own
+        (a log it could not write), cut to SageMaker's 1024 characters."""
+        parts = [self._full_disk_note()]
+        parts += [self._hosts_reason()] if self.failed_hosts else []
+        parts += [self.resource_fault]
+        return "\n".join(p for p in parts if p)[:FAILURE_REASON_LIMIT]
+
+    def _full_disk_note(self) -> str | None:
+        """A full disk under the job directory is the likely cause of whatever failed there
+        (scripts' write errors rarely name their path): say so first."""
+        try:
+            free = shutil.disk_usage(self.job_dir.root).free
+        except OSError:
+            return None
+        if free >= FULL_DISK_BYTES:
+            return None
+        return (f"ClientError: the disk of the job directory {self.job_dir.root} is full "
+                f"({free} bytes free): No space left on device.")
+
+    def _hosts_reason(self) -> str:
         """The earliest root cause across every host's record, and who failed after it."""
         failures: list[RankFailure] = []
         for host in self.hosts:
@@ -171,13 +191,13 @@ class Supervisor:
         if failures:
             root, others = pick_root_cause(failures)
             return ALGORITHM_ERROR + format_reason(root, others, limit)
-        host = self.first_failed or next(iter(self.hosts))
-        code = self.hosts[host].returncode
+        host = self.failed_hosts[0]
         failure = self.job_dir.host_paths(host).failure_file
         text = ""
         with contextlib.suppress(OSError):
             text = failure.read_text(errors="replace").strip()
         if not text:  # no record at all (a full disk): the host's last lines of output
+            code = self.hosts[host].returncode
             tail = "".join(self.tails.get(host, ()))
             text = f"host {host} exited with code {code} and left no failure record\n{tail}"
         return f"{ALGORITHM_ERROR}({host}) {text}"[:FAILURE_REASON_LIMIT]
