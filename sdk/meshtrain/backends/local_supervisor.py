@@ -241,15 +241,17 @@ _FINAL_MESSAGES = {
 
 def main() -> None:
     job_dir = JobDirectory(Path(sys.argv[1]))
-    supervisor = Supervisor(job_dir)
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
-    signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
+    token = job_dir.read_token()
     try:
+        supervisor = Supervisor(job_dir)
+        signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
+        signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
         supervisor.run()
     except BaseException as error:  # record it: a client waits on status.json
-        kill_job_processes(supervisor.token, grace_seconds=1)
-        job_dir.write_status(TrainingJobStatus="Failed", TrainingEndTime=time.time(),
-                             FailureReason=f"InternalServerError: local supervisor: {error!r}")
+        kill_job_processes(token, grace_seconds=1)
+        with contextlib.suppress(OSError):
+            job_dir.write_status(TrainingJobStatus="Failed", TrainingEndTime=time.time(),
+                                 FailureReason=f"InternalServerError: local supervisor: {error!r}")
         raise
 
 
