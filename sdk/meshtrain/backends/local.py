@@ -132,8 +132,9 @@ def _name_taken(name: str, jobs_dir: Path) -> ConfigError:
 
 
 def _os_error_reason(where: Path, error: OSError) -> str:
-    path = error.filename or where
-    return (f"ClientError: could not create the local job in {where}: {path}: "
+    path = Path(error.filename) if error.filename else where
+    detail = "" if path == where else f" ({path})"
+    return (f"ClientError: could not create the local job in {where}{detail}: "
             f"[Errno {error.errno}] {error.strerror or error}. Free some space or choose "
             "another jobs_dir (MESHTRAIN_HOME).")
 
@@ -242,7 +243,8 @@ class LocalTrainingJob(TrainingJob):
         and the job is recorded as Stopped: the job is terminal when this returns."""
         pid = self._supervisor_pid()
         if pid is not None:
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
+                os.kill(pid, signal.SIGTERM)
             self._wait_for_supervisor_exit()
         kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
         if self.job_dir.read_status()["TrainingJobStatus"] not in TERMINAL_STATUSES:
