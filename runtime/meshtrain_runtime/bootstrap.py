@@ -42,6 +42,7 @@ from meshtrain_runtime.provision import ProvisionError, provision_code
 USER_ERROR = 1
 FRAMEWORK_ERROR = 2
 TAIL_LINES = 60
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*$", re.MULTILINE)
 
 
 def host_work_dir(paths: OptMLPaths) -> Path:
@@ -122,9 +123,6 @@ def _read_json_files(paths: list[Path]) -> list:
         except (OSError, ValueError):
             continue
     return found
-
-
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*$", re.MULTILINE)
 
 
 def exited(host: str, rank: int | None, code: int, when: float, tail: str) -> RankFailure:

@@ -5,6 +5,7 @@ The wrapper runs the script as ``__main__`` (like ``python script.py``), records
 traceback where the bootstrap finds it, and ends the rank with barrier -> destroy_process_group ->
 flush -> ``os._exit``: gloo's worker threads can otherwise abort a successful process at exit
 ("terminate called without an active exception"), which torchrun would report as a failure.
+In a local job the rank first ties its life to its parent (see `meshtrain_runtime.lifeline`).
 """
 
 from __future__ import annotations
