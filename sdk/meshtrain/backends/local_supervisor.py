@@ -4,6 +4,10 @@ Started detached by the local backend (``python -m meshtrain.backends.local_supe
 job outlives the client that submitted it, as a SageMaker job does. It merges host output into
 job.log, stops the other hosts when one fails, enforces max_run, packs model.tar.gz and
 output.tar.gz, and records the outcome in status.json.
+
+It and everything below it carry the job's token (MESHTRAIN_JOB_TOKEN); its sweeps end only
+processes with that token. When hosts fail it blames the earliest primary failure across the
+hosts' records (meshtrain.contract.failures). See docs/local-jobs.md.
 """
 
 from __future__ import annotations
@@ -118,14 +122,16 @@ class Supervisor:
             if own is None or merged is None or self.resource_fault:
                 continue
             prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
+            target = host_log
             try:
                 own.write(line)
                 own.flush()
+                target = self.job_dir.log_file
                 with self.log_lock:
                     merged.write(prefixed)
                     merged.flush()
             except OSError as error:
-                self._log_fault(host_log, error)
+                self._log_fault(target, error)
         for handle in (own, merged):
             if handle is not None:
                 with contextlib.suppress(OSError):
