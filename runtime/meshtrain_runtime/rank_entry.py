@@ -5,6 +5,7 @@ The wrapper runs the script as ``__main__`` (like ``python script.py``), records
 traceback where the bootstrap finds it, and ends the rank with barrier -> destroy_process_group ->
 flush -> ``os._exit``: gloo's worker threads can otherwise abort a successful process at exit
 ("terminate called without an active exception"), which torchrun would report as a failure.
+In a local job the rank first ties its life to its parent (see `meshtrain_runtime.lifeline`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import traceback
 from pathlib import Path
 
 from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, SM_CURRENT_HOST
+from meshtrain_runtime.lifeline import die_with_parent
 
 USER_ERROR_EXIT_CODE = 1
 
@@ -37,8 +39,12 @@ def record_failure(error: BaseException, error_dir: str | None) -> None:
         "time": time.time(),
     }
     path = Path(error_dir) / f"rank-{rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report))
+    except OSError as write_error:  # a full disk: the traceback on stderr is all that is left
+        print(f"meshtrain: could not record this rank's failure in {path}: {write_error}",
+              file=sys.stderr)
 
 
 def _user_frames(error: BaseException):
@@ -105,6 +111,7 @@ def run_entry_point(script: str, args: list[str]) -> int:
 
 
 def main() -> None:
+    die_with_parent()  # a rank never outlives its torchrun agent (or bootstrap)
     if len(sys.argv) < 2:
         print("usage: python -m meshtrain_runtime.rank_entry SCRIPT [ARGS...]", file=sys.stderr)
         end_process(2)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from meshtrain import Estimator, JobFailedError
+from meshtrain.backends.local_layout import JobDirectory
 from meshtrain.backends.processes import pids_of_job
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -66,7 +67,7 @@ def test_two_hosts_two_processes_see_the_sagemaker_contract(home, tmp_path):
     assert sorted(outputs) == [f"out-{r}.txt" for r in range(4)]
     job = estimator.latest_training_job
     assert job.describe()["TrainingJobStatus"] == "Completed"
-    assert pids_of_job(job.job_name) == []
+    assert job.processes() == []
     attached = Estimator.attach(job.job_name)
     assert attached.model_data == estimator.model_data
     assert attached.hyperparameters == hps
@@ -85,7 +86,7 @@ def test_failure_on_one_host_stops_the_others_and_keeps_outputs(home):
     description = estimator.latest_training_job.describe()
     assert description["TrainingJobStatus"] == "Failed"
     assert "ValueError: loss became NaN" in description["FailureReason"]
-    assert pids_of_job(estimator.latest_training_job.job_name) == []
+    assert estimator.latest_training_job.processes() == []
     kept = members(estimator.model_data)
     assert {f"before-failure-{r}.txt" for r in range(4)} <= set(kept)
 
@@ -104,10 +105,10 @@ def test_stop_ends_every_process(home):
                           distribution=TWO_BY_TWO)
     job = estimator.fit(wait=False)
     _wait_for_log(job, "running rank 3")
-    assert len(pids_of_job(job.job_name)) >= 8  # supervisor, 2 bootstraps, 2 torchruns, 4 ranks
+    assert len(job.processes()) >= 8  # supervisor, 2 bootstraps, 2 torchruns, 4 ranks
     job.stop()
     assert job.describe()["TrainingJobStatus"] == "Stopped"
-    assert pids_of_job(job.job_name) == []
+    assert job.processes() == []
 
 
 def test_keyboard_interrupt_in_fit_stops_the_job(home):
@@ -127,7 +128,7 @@ def test_keyboard_interrupt_in_fit_stops_the_job(home):
     assert client.returncode != 0 and "KeyboardInterrupt" in output
     status = json.loads((home / "jobs" / "ctrl-c-job" / "status.json").read_text())
     assert status["TrainingJobStatus"] == "Stopped"
-    assert pids_of_job("ctrl-c-job") == []
+    assert pids_of_job(JobDirectory(home / "jobs" / "ctrl-c-job").read_token()) == []
 
 
 def test_plain_script_without_torchrun_runs_once_per_host(home):

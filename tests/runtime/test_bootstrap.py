@@ -9,6 +9,13 @@ import tarfile
 import pytest
 
 from meshtrain.contract import JobSpec, OptMLPaths
+from meshtrain.contract.failures import (
+    OOM_INFO,
+    RankFailure,
+    format_reason,
+    killed_by,
+    pick_root_cause,
+)
 from meshtrain.contract.jobspec import write_host_config
 from meshtrain_runtime import bootstrap
 from meshtrain_runtime.host import HostContract, build_sm_env
@@ -39,7 +46,7 @@ def test_torchrun_command_uses_static_rendezvous_with_algo1_as_node0(tmp_path):
     contract = host_tree(tmp_path)
     command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
     text = " ".join(command)
-    assert "-m torch.distributed.run --nnodes 3 --nproc-per-node 4" in text
+    assert "-m meshtrain_runtime.agent_entry --nnodes 3 --nproc-per-node 4" in text  # torchrun
     assert "--master-addr algo-1 --master-port 7777 --node-rank 1" in text
     assert text.endswith(f"-m meshtrain_runtime.rank_entry {contract.paths.code_dir}/train.py "
                          '--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x')
@@ -69,7 +76,7 @@ def test_sm_environment(tmp_path):
 
 
 def test_failure_message_puts_the_rank_error_first_and_flags_oom():
-    error = {"rank": 3, "host": "algo-2", "message": "ValueError: bad", "traceback": "Traceback"}
+    error = RankFailure("algo-2", 3, 0.0, "exception", "ValueError: bad", "Traceback")
     text = bootstrap.failure_message(1, ["torchrun", "x.py"], error, "tail")
     assert text.startswith('ExecuteUserScriptError:\nExitCode 1\nErrorMessage "rank 3 on algo-2: '
                            "ValueError: bad")
@@ -110,3 +117,45 @@ def test_bootstrap_main_reports_a_missing_entry_point_as_user_error(tmp_path, mo
         bootstrap.main()
     assert exit_info.value.code == bootstrap.USER_ERROR
     assert "entry point 'train.py' is not in" in contract.paths.failure_file.read_text()
+
+
+GLOO = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+        "by peer [127.0.0.1]:34199")
+
+
+def test_collect_failures_merges_rank_tracebacks_with_the_agents_view(tmp_path):
+    (tmp_path / "rank-2.json").write_text(json.dumps(
+        {"rank": 2, "host": "algo-2", "message": GLOO, "traceback": "tb", "time": 12.5}))
+    (tmp_path / "agent-failures.json").write_text(json.dumps([
+        {"rank": 3, "exitcode": -9, "time": 12.0, "message": ""},
+        {"rank": 2, "exitcode": 1, "time": 13.0, "message": ""}]))
+    failures = bootstrap.collect_failures("algo-2", tmp_path, 1, "tail", None, None)
+    by_rank = {f.rank: f for f in failures}
+    assert by_rank[3].message == "killed by SIGKILL (signal 9)" and by_rank[3].signal == "SIGKILL"
+    assert by_rank[2].kind == "exception" and by_rank[2].secondary  # its traceback, not "exit 1"
+    stopped = bootstrap.collect_failures("algo-1", tmp_path / "none", 1, "", 15, None)
+    assert stopped[0].message == "stopped by SIGTERM (signal 15)" and stopped[0].secondary
+
+
+def test_root_cause_is_the_earliest_primary_never_a_secondary_collective_error():
+    peer = RankFailure("algo-1", 0, 11.9, "exception", GLOO, "tb")
+    killed = killed_by("algo-2", 3, 9, 12.0)
+    late = RankFailure("algo-1", 1, 14.0, "exception", "ValueError: late", "tb")
+    root, others = pick_root_cause([late, peer, killed])
+    assert root is killed and [f.rank for f in others] == [0, 1]
+    assert pick_root_cause([late, peer])[0] is late
+    assert pick_root_cause([peer])[0] is peer  # only secondaries: the earliest of them
+
+
+def test_failure_reason_puts_who_and_how_before_the_cut():
+    killed = RankFailure("algo-2", 3, 12.0, "signal", "killed by SIGKILL (signal 9)",
+                         "x" * 5000, signal="SIGKILL")
+    peer = RankFailure("algo-1", 0, 12.1, "exception", GLOO, "tb")
+    reason = format_reason(killed, [peer], 1000)
+    lines = reason.splitlines()
+    assert len(reason) == 1000
+    assert lines[0] == "rank 3 on algo-2: killed by SIGKILL (signal 9)"
+    assert lines[1] == f'ExtraInfo "{OOM_INFO}"'
+    assert lines[2].startswith("Failed as a consequence: rank 0 on algo-1 (RuntimeError: ")
+    text = bootstrap.failure_message(1, ["python"], killed, "", [peer])
+    assert text.index("SIGKILL") < text.index("OutOfMemory") < text.index("xxxx") < 300

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -11,13 +15,17 @@ from typing import Any
 
 from meshtrain.backends.local_artifacts import output_location
 from meshtrain.backends.local_layout import JobDirectory, default_jobs_dir, local_path, prepare_host
+from meshtrain.backends.processes import carries_token, kill_job_processes, pids_of_job
 from meshtrain.contract.archive import write_sourcedir_tarball
-from meshtrain.contract.env import MESHTRAIN_JOB_NAME
+from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.errors import ConfigError
+from meshtrain.errors import ConfigError, JobFailedError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.naming import is_generated_name, with_random_suffix
 
 POLL_SECONDS = 0.2
+STOP_GRACE_SECONDS = 10.0
+NAME_ATTEMPTS = 20
 
 
 class LocalBackend:
@@ -53,25 +61,59 @@ class LocalBackend:
         if spec.output_path and spec.output_path.startswith("s3://"):
             raise ConfigError(f"output_path={spec.output_path}: local jobs write to a local path "
                               "or file:// URI.")
-        if self.job_directory(spec.job_name).root.exists():
-            raise ConfigError(f"a local job named {spec.job_name!r} already exists in "
-                              f"{self.jobs_dir}. Choose another job_name.")
+        if not is_generated_name(spec.job_name) and self.job_directory(spec.job_name).root.exists():
+            raise _name_taken(spec.job_name, self.jobs_dir)
 
     def submit(self, spec: JobSpec) -> LocalTrainingJob:
+        """Create the job directory (exclusively), prepare every host and start the supervisor.
+
+        A generated name that another submitter took in the same millisecond gets a random
+        suffix. A failure to write the job directory (a full disk) removes what was made and
+        raises JobFailedError naming the path: no job is left half made or InProgress.
+        """
         self.validate(spec)
-        job_dir = self.job_directory(spec.job_name)
-        job_dir.root.mkdir(parents=True)
-        job_dir.spec_file.write_text(spec.to_json())
-        write_sourcedir_tarball(Path(spec.source_dir), job_dir.sourcedir_tarball,
-                                [Path(d) for d in spec.dependencies])
-        for host in spec.hosts:
-            prepare_host(spec, job_dir, host)
-        job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time(),
-                             SecondaryStatusTransitions=[])
-        job_dir.add_transition("Starting", "Starting the training job")
-        job_dir.log_file.touch()
-        _start_supervisor(job_dir, spec.job_name)
+        spec, job_dir = self._create_job_directory(spec)
+        token = secrets.token_hex(16)
+        try:
+            job_dir.token_file.write_text(token)
+            job_dir.spec_file.write_text(spec.to_json())
+            write_sourcedir_tarball(Path(spec.source_dir), job_dir.sourcedir_tarball,
+                                    [Path(d) for d in spec.dependencies])
+            for host in spec.hosts:
+                prepare_host(spec, job_dir, host)
+            job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time(),
+                                 SecondaryStatusTransitions=[])
+            job_dir.add_transition("Starting", "Starting the training job")
+            job_dir.log_file.touch()
+            _start_supervisor(job_dir, spec.job_name, token)
+        except OSError as error:
+            shutil.rmtree(job_dir.root, ignore_errors=True)
+            raise JobFailedError(spec.job_name, _os_error_reason(job_dir.root, error)) from None
+        except BaseException:
+            shutil.rmtree(job_dir.root, ignore_errors=True)
+            raise
         return LocalTrainingJob(spec.job_name, job_dir)
+
+    def _create_job_directory(self, spec: JobSpec) -> tuple[JobSpec, JobDirectory]:
+        """mkdir the job directory exclusively: two submitters never share one."""
+        name = spec.job_name
+        try:
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            for _ in range(NAME_ATTEMPTS):
+                try:
+                    self.job_directory(name).root.mkdir()
+                    break
+                except FileExistsError:
+                    if not is_generated_name(spec.job_name):
+                        raise _name_taken(name, self.jobs_dir) from None
+                    name = with_random_suffix(spec.job_name)
+            else:
+                raise _name_taken(name, self.jobs_dir)
+        except OSError as error:
+            raise JobFailedError(name, _os_error_reason(self.jobs_dir / name, error)) from None
+        if name != spec.job_name:
+            spec = spec.model_copy(update={"job_name": name})
+        return spec, self.job_directory(name)
 
     def load_spec(self, job_name: str) -> JobSpec:
         job_dir = self.job_directory(job_name)
@@ -84,15 +126,35 @@ class LocalBackend:
         return LocalTrainingJob(job_name, self.job_directory(job_name))
 
 
-def _start_supervisor(job_dir: JobDirectory, job_name: str) -> None:
-    env = {**os.environ, MESHTRAIN_JOB_NAME: job_name}
+def _name_taken(name: str, jobs_dir: Path) -> ConfigError:
+    return ConfigError(f"a local job named {name!r} already exists in {jobs_dir}. "
+                       "Choose another job_name.")
+
+
+def _os_error_reason(where: Path, error: OSError) -> str:
+    path = Path(error.filename) if error.filename else where
+    detail = "" if path == where else f" ({path})"
+    return (f"ClientError: could not create the local job in {where}{detail}: "
+            f"[Errno {error.errno}] {error.strerror or error}. Free some space or choose "
+            "another jobs_dir (MESHTRAIN_HOME).")
+
+
+def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str) -> None:
+    """Start the job's supervisor in a session of its own (the job outlives this client). It
+    and every process it starts carry the job's token, which is how they are found again."""
+    env = {**os.environ, MESHTRAIN_JOB_NAME: job_name, MESHTRAIN_JOB_TOKEN: token}
     with open(job_dir.root / "supervisor.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "meshtrain.backends.local_supervisor", str(job_dir.root)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    job_dir.supervisor_pid_file.write_text(str(proc.pid))
+    try:
+        job_dir.supervisor_pid_file.write_text(str(proc.pid))
+    except OSError:
+        proc.kill()  # a supervisor nobody can find again must not run
+        proc.wait()
+        raise
 
 
 class LocalTrainingJob(TrainingJob):
@@ -103,13 +165,33 @@ class LocalTrainingJob(TrainingJob):
         self.job_dir = job_dir
         self._log_offset = 0
 
-    def _supervisor_alive(self) -> bool:
+    @property
+    def token(self) -> str:
+        """The token every process of this job carries (MESHTRAIN_JOB_TOKEN)."""
+        return self.job_dir.read_token()
+
+    def processes(self) -> list[int]:
+        """PIDs of this job's processes still running (supervisor, hosts, agents, ranks)."""
+        return pids_of_job(self.token)
+
+    def _supervisor_pid(self) -> int | None:
+        """The supervisor's PID while it runs: a PID is only trusted if the process carries
+        this job's token (a recycled PID belongs to someone else)."""
         try:
             pid = int(self.job_dir.supervisor_pid_file.read_text())
-            os.kill(pid, 0)
-            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-        except (OSError, ValueError, IndexError):
-            return False
+        except (OSError, ValueError):
+            return None
+        return pid if carries_token(pid, self.token) else None
+
+    def _supervisor_alive(self) -> bool:
+        return self._supervisor_pid() is not None
+
+    def _record_end(self, **changes: Any) -> dict[str, Any]:
+        """Record a terminal status the supervisor could not (never raises on a full disk)."""
+        try:
+            return self.job_dir.write_status(TrainingEndTime=time.time(), **changes)
+        except OSError:
+            return {**self.job_dir.read_status(), **changes}
 
     def describe(self) -> dict[str, Any]:
         status = self.job_dir.read_status()
@@ -117,7 +199,7 @@ class LocalTrainingJob(TrainingJob):
             time.sleep(POLL_SECONDS)  # it may have finished between the two reads
             status = self.job_dir.read_status()
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
-                status = self.job_dir.write_status(
+                status = self._record_end(
                     TrainingJobStatus="Failed",
                     FailureReason="InternalServerError: the local supervisor process died")
         spec = self.job_dir.read_spec()
@@ -156,10 +238,20 @@ class LocalTrainingJob(TrainingJob):
         sys.stdout.flush()
 
     def stop(self) -> None:
-        """SIGTERM the supervisor, which ends every host; wait until the job is terminal."""
-        if self._supervisor_alive():
-            os.kill(int(self.job_dir.supervisor_pid_file.read_text()), 15)
-        self._wait_for_supervisor_exit()
+        """SIGTERM the supervisor, which ends every host and records the status. If it is gone
+        (killed) or does not end, every process still carrying the job's token is ended here
+        and the job is recorded as Stopped: the job is terminal when this returns."""
+        pid = self._supervisor_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
+                os.kill(pid, signal.SIGTERM)
+            self._wait_for_supervisor_exit()
+        kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
+        if self.job_dir.read_status()["TrainingJobStatus"] not in TERMINAL_STATUSES:
+            self._record_end(TrainingJobStatus="Stopped")
+            with contextlib.suppress(OSError):
+                self.job_dir.add_transition("Stopped", "Training job stopped (its supervisor "
+                                                       "was gone; its processes were ended)")
 
     def _wait_for_supervisor_exit(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -13,6 +13,10 @@ from meshtrain.contract.jobspec import JobSpec, write_host_config
 from meshtrain.contract.paths import OptMLPaths
 
 MESHTRAIN_HOME = "MESHTRAIN_HOME"
+# status.json is padded to this size so that, on a full disk, the final status can still be
+# written over the file's own blocks (JSON allows trailing whitespace).
+STATUS_RESERVE_BYTES = 8192
+READ_RETRIES = 20
 
 
 def default_jobs_dir() -> Path:
@@ -49,11 +53,26 @@ class JobDirectory:
         return self.root / "supervisor.pid"
 
     @property
+    def token_file(self) -> Path:
+        return self.root / "job.token"
+
+    def read_token(self) -> str:
+        """The job's process token ('' for a job directory without one)."""
+        try:
+            return self.token_file.read_text().strip()
+        except OSError:
+            return ""
+
+    @property
     def sourcedir_tarball(self) -> Path:
         return self.root / "source" / "sourcedir.tar.gz"
 
     def host_paths(self, host: str) -> OptMLPaths:
         return OptMLPaths(self.root / "hosts" / host / "opt" / "ml")
+
+    def host_work_dir(self, host: str) -> Path:
+        """The host's own scratch (torchrun logs, rank failure records), beside its /opt/ml."""
+        return self.root / "hosts" / host / "work"
 
     def host_log(self, host: str) -> Path:
         return self.root / "logs" / f"{host}.log"
@@ -62,15 +81,34 @@ class JobDirectory:
         return JobSpec.from_json(self.spec_file.read_text())
 
     def read_status(self) -> dict[str, Any]:
+        for _ in range(READ_RETRIES):  # an in-place write (full disk only) may be half done
+            try:
+                return json.loads(self.status_file.read_text())
+            except ValueError:
+                time.sleep(0.05)
         return json.loads(self.status_file.read_text())
 
     def write_status(self, **changes: Any) -> dict[str, Any]:
-        """Merge `changes` into status.json atomically (readers never see half a file)."""
+        """Merge `changes` into status.json atomically (readers never see half a file).
+
+        On a full disk the new file cannot be made: the status is then written over the old
+        file's own (padded) blocks, so a terminal status is recorded even then.
+        """
         status = self.read_status() if self.status_file.exists() else {}
         status.update(changes)
+        text = json.dumps(status, indent=2)
+        data = (text + " " * max(0, STATUS_RESERVE_BYTES - len(text) - 1) + "\n").encode()
         tmp = self.status_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=2))
-        tmp.replace(self.status_file)
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(self.status_file)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            if not self.status_file.exists():
+                raise
+            with open(self.status_file, "r+b") as handle:
+                handle.write(data)
+                handle.truncate()
         return status
 
     def add_transition(self, secondary: str, message: str) -> None:

@@ -4,27 +4,47 @@ Started detached by the local backend (``python -m meshtrain.backends.local_supe
 job outlives the client that submitted it, as a SageMaker job does. It merges host output into
 job.log, stops the other hosts when one fails, enforces max_run, packs model.tar.gz and
 output.tar.gz, and records the outcome in status.json.
+
+It and everything below it carry the job's token (MESHTRAIN_JOB_TOKEN); its sweeps end only
+processes with that token. When hosts fail it blames the earliest primary failure across the
+hosts' records (meshtrain.contract.failures). See docs/local-jobs.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from meshtrain.backends.local_artifacts import package_artifacts
 from meshtrain.backends.local_layout import JobDirectory
 from meshtrain.backends.processes import kill_job_processes, terminate_groups
 from meshtrain.contract import env as names
+from meshtrain.contract.failures import (
+    HOST_RECORD,
+    RankFailure,
+    format_reason,
+    pick_root_cause,
+    read_host_record,
+)
 from meshtrain.contract.jobspec import JobSpec
 
 STOP_GRACE_SECONDS = 10.0
+# After the first host fails, the others get this long to fail on their own and record why
+# (a rank's death shows on its peers a moment later) before they are stopped.
+FAILURE_SETTLE_SECONDS = 5.0
 FAILURE_REASON_LIMIT = 1024  # SageMaker keeps the first 1024 characters of the failure file
+ALGORITHM_ERROR = "AlgorithmError: "
+TAIL_LINES = 30
+FULL_DISK_BYTES = 1 << 20  # less free space than this under the job directory: a full disk
 
 
 def free_port() -> int:
@@ -33,14 +53,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int) -> dict:
+def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
+                     token: str) -> dict:
     env = dict(os.environ)
     env.update(spec.environment)
-    env.update({
+    env.update({  # after the user's environment: these must not be overridden
         names.SAGEMAKER_BASE_DIR: str(job_dir.host_paths(host).base),
         names.MESHTRAIN_MASTER_ADDR: "127.0.0.1",
         names.MESHTRAIN_MASTER_PORT: str(port),
         names.MESHTRAIN_JOB_NAME: spec.job_name,
+        names.MESHTRAIN_JOB_TOKEN: token,
+        names.MESHTRAIN_HOST_WORK_DIR: str(job_dir.host_work_dir(host)),
         names.TRAINING_JOB_NAME: spec.job_name,
         "PYTHONUNBUFFERED": "1",
     })
@@ -55,49 +78,82 @@ class Supervisor:
     def __init__(self, job_dir: JobDirectory) -> None:
         self.job_dir = job_dir
         self.spec = job_dir.read_spec()
+        self.token = job_dir.read_token()
         self.hosts: dict[str, subprocess.Popen] = {}
+        self.tails: dict[str, deque[str]] = {}
+        self.failed_hosts: list[str] = []  # hosts that failed before any was stopped
+        self.resource_fault: str | None = None
         self.stop_requested = threading.Event()
         self.log_lock = threading.Lock()
 
     def start_hosts(self) -> list[threading.Thread]:
+        """Start every host from this (main) thread: the hosts' lifeline (PR_SET_PDEATHSIG)
+        fires when the thread that started them ends."""
         port = free_port()
         readers = []
         for host in self.spec.hosts:
+            self.job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
                 [sys.executable, "-m", "meshtrain_runtime.bootstrap"],
-                env=host_environment(self.spec, self.job_dir, host, port),
+                env=host_environment(self.spec, self.job_dir, host, port, self.token),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
             self.hosts[host] = proc
+            self.tails[host] = deque(maxlen=TAIL_LINES)
             reader = threading.Thread(target=self._pump, args=(host, proc), daemon=True)
             reader.start()
             readers.append(reader)
         return readers
 
     def _pump(self, host: str, proc: subprocess.Popen) -> None:
-        """Copy one host's output into its own log and the merged job log, line by line."""
+        """Copy one host's output into its own log and the merged job log, line by line.
+        A log that cannot be written (a full disk) fails the job, but the output is still
+        read to the end so that the host never blocks on a full pipe."""
         host_log = self.job_dir.host_log(host)
-        host_log.parent.mkdir(parents=True, exist_ok=True)
-        with open(host_log, "ab") as own, open(self.job_dir.log_file, "ab") as merged:
-            for line in iter(proc.stdout.readline, b""):
+        own = merged = None
+        try:
+            host_log.parent.mkdir(parents=True, exist_ok=True)
+            own, merged = open(host_log, "ab"), open(self.job_dir.log_file, "ab")  # noqa: SIM115
+        except OSError as error:
+            self._log_fault(host_log, error)
+        for line in iter(proc.stdout.readline, b""):
+            self.tails[host].append(line.decode(errors="replace"))
+            if own is None or merged is None or self.resource_fault:
+                continue
+            prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
+            target = host_log
+            try:
                 own.write(line)
                 own.flush()
-                prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
+                target = self.job_dir.log_file
                 with self.log_lock:
                     merged.write(prefixed)
                     merged.flush()
+            except OSError as error:
+                self._log_fault(target, error)
+        for handle in (own, merged):
+            if handle is not None:
+                with contextlib.suppress(OSError):
+                    handle.close()
+
+    def _log_fault(self, path: Path, error: OSError) -> None:
+        if self.resource_fault is None:
+            self.resource_fault = (f"ClientError: could not write the job's logs to {path}: "
+                                   f"[Errno {error.errno}] {error.strerror or error}")
 
     def watch(self) -> tuple[str, str | None]:
-        """Wait for the hosts; return (final status, failure reason)."""
+        """Wait for the hosts; return (final status, failure reason or None to look it up)."""
         deadline = time.monotonic() + self.spec.max_run
         while True:
             codes = {host: proc.poll() for host, proc in self.hosts.items()}
             failed = [h for h, code in codes.items() if code not in (None, 0)]
             if self.stop_requested.is_set():
                 return "Stopped", None
-            if failed:
-                return "Failed", self._failure_reason(failed[0], codes[failed[0]])
+            if failed or self.resource_fault:
+                self._settle()
+                self.failed_hosts = [h for h, p in self.hosts.items() if p.poll() not in (None, 0)]
+                return "Failed", None
             if all(code == 0 for code in codes.values()):
                 return "Completed", None
             if time.monotonic() > deadline:
@@ -105,17 +161,57 @@ class Supervisor:
                 return "Stopped", f"MaxRuntimeExceeded: the job ran past max_run={limit}s"
             time.sleep(0.2)
 
-    def _failure_reason(self, host: str, code: int) -> str:
+    def _settle(self) -> None:
+        deadline = time.monotonic() + FAILURE_SETTLE_SECONDS
+        while time.monotonic() < deadline and not self.stop_requested.is_set():
+            if all(proc.poll() is not None for proc in self.hosts.values()):
+                return
+            time.sleep(0.1)
+
+    def failure_reason(self) -> str:
+        """Why the job failed: the hosts' root cause, then a fault of the supervisor's own
+        (a log it could not write), cut to SageMaker's 1024 characters."""
+        parts = [self._full_disk_note()]
+        parts += [self._hosts_reason()] if self.failed_hosts else []
+        parts += [self.resource_fault]
+        return "\n".join(p for p in parts if p)[:FAILURE_REASON_LIMIT]
+
+    def _full_disk_note(self) -> str | None:
+        """A full disk under the job directory is the likely cause of whatever failed there
+        (scripts' write errors rarely name their path): say so first."""
+        try:
+            free = shutil.disk_usage(self.job_dir.root).free
+        except OSError:
+            return None
+        if free >= FULL_DISK_BYTES:
+            return None
+        return (f"ClientError: the disk of the job directory {self.job_dir.root} is full "
+                f"({free} bytes free): No space left on device.")
+
+    def _hosts_reason(self) -> str:
+        """The earliest root cause across every host's record, and who failed after it."""
+        failures: list[RankFailure] = []
+        for host in self.hosts:
+            failures += read_host_record(self.job_dir.host_work_dir(host) / HOST_RECORD)
+        limit = FAILURE_REASON_LIMIT - len(ALGORITHM_ERROR)
+        if failures:
+            root, others = pick_root_cause(failures)
+            return ALGORITHM_ERROR + format_reason(root, others, limit)
+        host = self.failed_hosts[0]
         failure = self.job_dir.host_paths(host).failure_file
-        text = failure.read_text(errors="replace").strip() if failure.exists() else ""
-        if not text:
-            text = f"host {host} exited with code {code} without writing a failure reason"
-        return f"AlgorithmError: ({host}) {text}"[:FAILURE_REASON_LIMIT]
+        text = ""
+        with contextlib.suppress(OSError):
+            text = failure.read_text(errors="replace").strip()
+        if not text:  # no record at all (a full disk): the host's last lines of output
+            code = self.hosts[host].returncode
+            tail = "".join(self.tails.get(host, ()))
+            text = f"host {host} exited with code {code} and left no failure record\n{tail}"
+        return f"{ALGORITHM_ERROR}({host}) {text}"[:FAILURE_REASON_LIMIT]
 
     def end_hosts(self) -> None:
         pgids = [proc.pid for proc in self.hosts.values() if proc.poll() is None]
         terminate_groups(pgids, STOP_GRACE_SECONDS)
-        kill_job_processes(self.spec.job_name, grace_seconds=STOP_GRACE_SECONDS)
+        kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
         for proc in self.hosts.values():
             proc.wait()
 
@@ -128,11 +224,16 @@ class Supervisor:
         self.end_hosts()
         for reader in readers:
             reader.join(timeout=5)
+        if status == "Failed" and reason is None:
+            reason = self.failure_reason()
         self.job_dir.add_transition("Uploading", "Uploading generated training model")
-        package_artifacts(self.spec, self.job_dir)
+        packing_error = package_artifacts(self.spec, self.job_dir)
+        if packing_error:
+            status = "Failed" if status == "Completed" else status
+            reason = f"{reason}\n{packing_error}" if reason else packing_error
         changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
         if reason:
-            changes["FailureReason"] = reason
+            changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
         self.job_dir.write_status(**changes)
         self.job_dir.add_transition(status, _FINAL_MESSAGES[status])
 
@@ -146,15 +247,17 @@ _FINAL_MESSAGES = {
 
 def main() -> None:
     job_dir = JobDirectory(Path(sys.argv[1]))
-    supervisor = Supervisor(job_dir)
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
-    signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
+    token = job_dir.read_token()
     try:
+        supervisor = Supervisor(job_dir)
+        signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
+        signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
         supervisor.run()
     except BaseException as error:  # record it: a client waits on status.json
-        job_dir.write_status(TrainingJobStatus="Failed",
-                             FailureReason=f"InternalServerError: local supervisor: {error!r}")
-        kill_job_processes(supervisor.spec.job_name, grace_seconds=1)
+        kill_job_processes(token, grace_seconds=1)
+        with contextlib.suppress(OSError):
+            job_dir.write_status(TrainingJobStatus="Failed", TrainingEndTime=time.time(),
+                                 FailureReason=f"InternalServerError: local supervisor: {error!r}")
         raise
 
 

@@ -1,4 +1,9 @@
-"""Ending every process of a job: process groups first, then a /proc sweep by job marker."""
+"""Ending every process of a job: process groups first, then a /proc sweep by job token.
+
+A job's processes are recognised by MESHTRAIN_JOB_TOKEN=<token> in their environment (set when
+the supervisor starts and inherited by every host, torchrun agent and rank). The token is unique
+per job, so a sweep never reaches another job, even one with the same name elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,31 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from meshtrain.contract.env import MESHTRAIN_JOB_NAME
+from meshtrain.contract.env import MESHTRAIN_JOB_TOKEN
+
+SWEEP_ROUNDS = 5  # SIGKILL sweeps, for processes a dying parent forked meanwhile
 
 
-def pids_of_job(job_name: str) -> list[int]:
-    """PIDs whose environment carries MESHTRAIN_JOB_NAME=<job_name> (Linux /proc; else [])."""
-    marker = f"{MESHTRAIN_JOB_NAME}={job_name}".encode()
+def carries_token(pid: int, token: str) -> bool:
+    """True when process `pid` (alive, not a zombie) belongs to the job with this token."""
+    if not token:
+        return False
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{MESHTRAIN_JOB_TOKEN}={token}".encode() in environ.split(b"\0") and _alive(pid)
+
+
+def pids_of_job(token: str) -> list[int]:
+    """Live PIDs (not this process) whose environment carries this job token (Linux /proc)."""
+    if not token:
+        return []
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and int(entry.name) != os.getpid():
-            found.append(int(entry.name))
+        pid = int(entry.name)
+        if pid != os.getpid() and carries_token(pid, token):
+            found.append(pid)
     return found
 
 
@@ -54,17 +70,30 @@ def terminate_groups(pgids: list[int], grace_seconds: float) -> None:
     signal_groups(pgids, signal.SIGKILL)
 
 
-def kill_job_processes(job_name: str, grace_seconds: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL, every remaining process marked with this job (torchrun workers
-    live in sessions of their own, so process groups alone do not reach them)."""
-    pids = pids_of_job(job_name)
+def _signal_pids(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def kill_job_processes(token: str, grace_seconds: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL, every remaining process carrying this job token (torchrun workers
+    live in sessions of their own, so process groups alone do not reach them).
+
+    Returns how many processes were found. Never touches a process without the token.
+    """
+    pids = pids_of_job(token)
+    found = set(pids)
+    _signal_pids(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(p)]
         time.sleep(0.1)
-    for pid in pids_of_job(job_name):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        pids = [p for p in pids if _alive(p)]
+    for _ in range(SWEEP_ROUNDS):
+        pids = pids_of_job(token)
+        if not pids:
+            break
+        found.update(pids)
+        _signal_pids(pids, signal.SIGKILL)
+        time.sleep(0.1)
+    return len(found)

@@ -43,6 +43,8 @@ TRAINING_JOB_NAME = "TRAINING_JOB_NAME"
 # meshtrain's own variables (set by backends, read by the runtime)
 MESHTRAIN_MASTER_ADDR = "MESHTRAIN_MASTER_ADDR"  # override algo-1's address (local processes)
 MESHTRAIN_MASTER_PORT = "MESHTRAIN_MASTER_PORT"
-MESHTRAIN_JOB_NAME = "MESHTRAIN_JOB_NAME"  # marks every process of a job
+MESHTRAIN_JOB_NAME = "MESHTRAIN_JOB_NAME"  # the job's name, for scripts and logs
+MESHTRAIN_JOB_TOKEN = "MESHTRAIN_JOB_TOKEN"  # per-job unique token: marks every process of a job
+MESHTRAIN_HOST_WORK_DIR = "MESHTRAIN_HOST_WORK_DIR"  # torchrun logs, failure records
 MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks leave their traceback
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host

@@ -1,0 +1,60 @@
+"""torchrun with two additions: it dies with its bootstrap, and it records how ranks failed.
+
+The bootstrap starts ``python -m meshtrain_runtime.agent_entry <torchrun arguments>`` instead of
+``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition, when
+workers fail, each failure torchrun observed (rank, exit code, the signal that killed it, when)
+is written to ``<MESHTRAIN_RANK_ERROR_DIR>/agent-failures.json``: a rank killed by SIGKILL leaves
+no traceback of its own, so only its agent can say what happened to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR
+from meshtrain_runtime.lifeline import die_with_parent
+
+AGENT_FAILURES = "agent-failures.json"
+
+
+def failures_of(error: Any) -> list[dict[str, Any]]:
+    """torchelastic's ChildFailedError.failures as plain JSON-able records."""
+    records = []
+    for rank, failure in sorted(error.failures.items()):
+        message = failure.message if isinstance(failure.message, str) else json.dumps(
+            failure.message)
+        records.append({"rank": int(rank), "local_rank": failure.local_rank, "pid": failure.pid,
+                        "exitcode": failure.exitcode, "time": float(failure.timestamp),
+                        "message": message})
+    return records
+
+
+def record_failures(records: list[dict[str, Any]], error_dir: str | None) -> None:
+    if not error_dir:
+        return
+    try:
+        path = Path(error_dir) / AGENT_FAILURES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(records))
+    except OSError as error:  # a full disk must not hide the failure itself
+        print(f"meshtrain: could not record rank failures: {error}", file=sys.stderr)
+
+
+def main() -> None:
+    die_with_parent()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(sys.argv[1:])
+    except ChildFailedError as error:
+        record_failures(failures_of(error), os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
+        raise
+
+
+if __name__ == "__main__":
+    main()
