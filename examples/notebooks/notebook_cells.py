@@ -1,4 +1,4 @@
-"""The cells of the example notebooks: {notebook name: [("md" | "code", source), ...]}.
+"""Cells of the quickstart and resume notebooks: lists of ("md" | "code", source).
 
 make_notebooks.py writes them as .ipynb files. Every notebook runs from this directory (Jupyter
 starts the kernel in the notebook's folder), so the examples are at ``Path.cwd().parent``.

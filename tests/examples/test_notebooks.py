@@ -28,6 +28,7 @@ def home(tmp_path, monkeypatch) -> Path:
     """MESHTRAIN_HOME for the notebook's jobs: the kernel inherits this process's environment."""
     monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the resume notebook's checkpoint directories
     return tmp_path
 
 
@@ -102,3 +103,4 @@ def test_sagemaker_notebook_against_moto(aws, home, monkeypatch):
 def test_resume_notebook(home):
     check_ran(execute("resume_other_layout"), "resume_other_layout")
     assert len(list((home / "jobs").iterdir())) == 3
+    assert len(list(home.glob("meshtrain-ckpt-*/step_*"))) == 4  # 6 and 12, and the reference's
