@@ -218,8 +218,8 @@ from meshtrain import Estimator
 from meshtrain.backends.sagemaker_metrics import metric_definitions
 ''' + JOB_OUTPUT + '''
 endpoint = os.environ.get("AWS_ENDPOINT_URL")   # unset for real AWS
-role = os.environ.get("SAGEMAKER_ROLE", "arn:aws:iam::123456789012:role/SageMakerRole")
-image = os.environ.get("MESHTRAIN_IMAGE_URI", "meshtrain:latest")
+role = os.environ["SAGEMAKER_ROLE"]         # an IAM role SageMaker can assume
+image = os.environ["MESHTRAIN_IMAGE_URI"]   # meshtrain's image in your ECR, or an AWS PyTorch one
 region = boto3.session.Session().region_name
 print("AWS:", endpoint or "real AWS", "| region:", region, "| role:", role)
 SOURCE = EXAMPLES / "sagemaker"

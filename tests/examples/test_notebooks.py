@@ -15,6 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from sagemaker_moto import ROLE
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "examples" / "notebooks"
@@ -91,6 +92,7 @@ def test_sagemaker_notebook_against_moto(aws, home, monkeypatch):
     """The `aws` fixture points AWS_ENDPOINT_URL at moto; the notebook's SageMaker job is the
     request moto received, its local try-out a real local job."""
     monkeypatch.setenv("MESHTRAIN_IMAGE_URI", "meshtrain:latest")
+    monkeypatch.setenv("SAGEMAKER_ROLE", ROLE)
     check_ran(execute("sagemaker"), "sagemaker")
     (request,) = [r.json() for r in aws.find("SageMaker.CreateTrainingJob")]
     assert request["ResourceConfig"] == {"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2,
