@@ -8,13 +8,16 @@ Estimator sent (SM_HP_MP_PARAMETERS) and `transform(model)` shards the model wit
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import meshtrain_runtime
+from meshtrain_runtime.metrics import log_metric
 
 
 class Block(nn.Module):
@@ -69,6 +72,7 @@ def main() -> None:
     vocab = 64
     model = meshtrain_runtime.transform(TinyLM(vocab, dim=64, layers=2, heads=4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    losses = []
     for step in range(args.steps):
         tokens = synthetic_batch(step, state.dp_rank, args.batch_size, args.seq_len, vocab)
         loss = model(tokens[:, :-1], tokens[:, 1:])
@@ -76,14 +80,21 @@ def main() -> None:
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
+        total = loss.detach().reshape(1).clone()
+        torch.distributed.all_reduce(total)  # the global batch's loss: mean over the ranks
+        losses.append(float(total) / state.world_size)
+        log_metric("train:loss", losses[-1], step=step)  # a SageMaker metric line
         if state.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            print(f"step {step} loss {losses[-1]:.4f}", flush=True)
 
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                    cpu_offload=True))
     if state.rank == 0:
         torch.save(weights, os.path.join(os.environ.get("SM_MODEL_DIR", "."), "model.pt"))
         print(f"saved model to {os.environ.get('SM_MODEL_DIR')}", flush=True)
+        out = Path(os.environ.get("SM_OUTPUT_DATA_DIR", "."))  # packed into output.tar.gz
+        (out / "losses.json").write_text(json.dumps({"train:loss": losses}))
+        print(f"final loss {losses[-1]:.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,198 @@
+"""Every example under examples/ runs as a user would run it, and does what its README says.
+
+Each job-running example is started as `python examples/<name>/launch.py` in a subprocess with
+its own MESHTRAIN_HOME; the checks read what a user reads: the metric lines in the job's output,
+the model.tar.gz and output.tar.gz the job left. The quickstart's launch.py is run by
+tests/e2e/test_quickstart.py (README's first command) and by the quickstart notebook
+(test_notebooks.py), so it is not run a third time here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import boto3
+import pytest
+from sagemaker_moto import ROLE
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+METRIC = re.compile(r"\[algo-1 rank 0\] \[meshtrain metric\] ([\w:]+)=(\S+) step=(\d+)")
+
+
+def run_example(script: str, home: Path, *args: str, timeout: int = 600) -> str:
+    """`python examples/<script> args` like a user; returns stdout, fails with all output."""
+    env = {**os.environ, "MESHTRAIN_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(EXAMPLES / script), *args], env=env, text=True,
+                         capture_output=True, timeout=timeout, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-6000:]
+    return run.stdout
+
+
+def metrics(stdout: str, name: str = "train:loss") -> dict[int, float]:
+    """step -> value of the metric lines rank 0 printed (in SageMaker's metric format)."""
+    return {int(step): float(value) for metric, value, step in METRIC.findall(stdout)
+            if metric == name}
+
+
+def artifacts(stdout: str) -> list[Path]:
+    """The model.tar.gz paths of the jobs, in the order they ran."""
+    return [Path(uri) for uri in re.findall(r"Model artifacts: file://(\S+)", stdout)]
+
+
+def output_json(model_tarball: Path, name: str) -> dict:
+    """A JSON file the job wrote to SM_OUTPUT_DATA_DIR (output.tar.gz beside model.tar.gz)."""
+    with tarfile.open(model_tarball.with_name("output.tar.gz")) as tar:
+        return json.load(tar.extractfile(name))
+
+
+def model_files(model_tarball: Path) -> list[str]:
+    with tarfile.open(model_tarball) as tar:
+        return tar.getnames()
+
+
+def exported_shapes(model_tarball: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape in the job's exported model.safetensors."""
+    from safetensors import safe_open
+
+    with tarfile.open(model_tarball) as tar:
+        data = tar.extractfile("model.safetensors").read()
+    path = model_tarball.with_name("exported.safetensors")
+    path.write_bytes(data)
+    with safe_open(str(path), framework="pt") as weights:
+        return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+
+
+def check_training(stdout: str, steps: int, drop: float) -> list[float]:
+    """All steps logged, the loss fell by `drop`, and losses.json holds the same values."""
+    losses = metrics(stdout)
+    assert sorted(losses) == list(range(steps)), stdout[-3000:]
+    values = [losses[step] for step in range(steps)]
+    assert values[-1] < drop * values[0], values
+    (model,) = artifacts(stdout)
+    assert output_json(model, "losses.json")["train:loss"] == pytest.approx(values, rel=1e-6)
+    assert f"final loss {values[-1]:.4f}" in stdout
+    return values
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_llama_tensor_parallel_hybrid_sharding(tmp_path):
+    stdout = run_example("llama_tp_hsdp/launch.py", tmp_path)
+    assert "layout: tp=2 x shard=1 x replicate=2" in stdout
+    check_training(stdout, steps=12, drop=0.6)
+    (model,) = artifacts(stdout)
+    assert {"model.safetensors", "config.json"} <= set(model_files(model))
+    shapes = exported_shapes(model)  # gathered from the TP shards: full HF shapes
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (64, 64)
+    assert shapes["model.layers.0.mlp.down_proj.weight"] == (64, 128)
+    # what README.md promises: the artifact is a Hugging Face model directory
+    from transformers import LlamaForCausalLM
+
+    with tarfile.open(model) as tar:
+        tar.extractall(tmp_path / "hf", filter="data")
+    loaded, info = LlamaForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert loaded.config.hidden_size == 64 and loaded.config.num_hidden_layers == 2
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_mixtral_expert_parallel(tmp_path):
+    stdout = run_example("mixtral_ep/launch.py", tmp_path)
+    assert "layout: ep=2 (2 of 4 experts per rank) x shard=2 x replicate=2" in stdout
+    check_training(stdout, steps=12, drop=0.6)
+    aux = metrics(stdout, "train:aux_loss")
+    # Switch's loss as HF computes it is top_k = 2.0 for perfectly balanced routing, more when
+    # routing is skewed
+    assert len(aux) == 12 and all(1.9 < value < 4.0 for value in aux.values()), aux
+    (model,) = artifacts(stdout)
+    shapes = exported_shapes(model)  # every expert gathered back from the two EP ranks
+    assert shapes["model.layers.0.mlp.experts.gate_up_proj"][0] == 4
+    assert shapes["model.layers.1.mlp.experts.down_proj"][0] == 4
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_activation_checkpointing_and_offloading(tmp_path):
+    stdout = run_example("activation_checkpointing/launch.py", tmp_path)
+    check_training(stdout, steps=10, drop=0.95)
+    (model,) = artifacts(stdout)
+    report = output_json(model, "activations.json")
+    assert report["checkpointed_blocks"] == 4
+    # four layers keep only their inputs: far fewer bytes saved for backward
+    assert report["saved_bytes_checkpointed"] * 4 < report["saved_bytes_plain"], report
+    # checkpointing recomputes the same arithmetic: the loss is the same number
+    assert report["first_loss_checkpointed"] == pytest.approx(report["first_loss_plain"],
+                                                              abs=1e-6)
+    assert report["blocks_offloaded"] == 4 * 10  # every checkpointed block, every step
+    assert report["loads"] >= report["blocks_offloaded"]
+    assert 1 <= report["max_resident_blocks"] <= 2  # activation_loading_horizon=2
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_resume_on_another_layout(tmp_path):
+    stdout = run_example("resume_other_layout/launch.py", tmp_path, "--checkpoint-dir",
+                         str(tmp_path / "checkpoints"))
+    first, second = artifacts(stdout)
+    saved, resumed = output_json(first, "losses.json"), output_json(second, "losses.json")
+    assert saved["layout"] == "4 ranks: tp=2 x shard=1 x replicate=2"
+    assert resumed["layout"] == "2 ranks: tp=1 x shard=2 x replicate=1"
+    assert saved["steps"] == list(range(6)) and saved["resumed_from"] is None
+    assert resumed["steps"] == list(range(6, 12)) and resumed["resumed_from"] == 6
+    assert "resumed at step 6 from" in stdout
+    losses = saved["train:loss"] + resumed["train:loss"]
+    # training went on from the saved state: no jump back up to the untrained loss
+    assert losses[6] < 0.95 * losses[0] and losses[-1] < 0.6 * losses[0], losses
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_00000006", "step_00000012"]
+
+
+@pytest.mark.e2e
+def test_sagemaker_launch_against_moto(aws, tmp_path):
+    bucket = "meshtrain-example-bucket"
+    boto3.client("s3").create_bucket(
+        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    stdout = run_example("sagemaker/launch.py", tmp_path, "--role", ROLE, "--bucket", bucket,
+                         "--image-uri", "meshtrain:latest", "--job-name", "example-run",
+                         "--endpoint-url", aws.url)
+    (request,) = [r.json() for r in aws.find("SageMaker.CreateTrainingJob")]
+    assert request["TrainingJobName"] == "example-run"
+    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge"
+    assert request["ResourceConfig"]["InstanceCount"] == 2
+    hyperparameters = request["HyperParameters"]
+    assert json.loads(hyperparameters["mp_parameters"]) == {"hybrid_shard_degree": 4}
+    assert hyperparameters["sagemaker_program"] == '"train.py"'
+    assert [d["Name"] for d in request["AlgorithmSpecification"]["MetricDefinitions"]] == [
+        "train:loss"]
+    assert request["OutputDataConfig"]["S3OutputPath"] == f"s3://{bucket}/meshtrain-examples/"
+    code = json.loads(hyperparameters["sagemaker_submit_directory"])
+    code_bucket, key = code.removeprefix("s3://").split("/", 1)
+    tarball = boto3.client("s3").get_object(Bucket=code_bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(tarball)) as tar:
+        assert {"train.py", "launch.py"} <= set(tar.getnames())
+    assert (f"Model artifacts: s3://{bucket}/meshtrain-examples/example-run/output/model.tar.gz"
+            in stdout)
+
+
+def test_planning_runs_without_torch(tmp_path):
+    """The planning example on the client alone: it never imports torch."""
+    script = EXAMPLES / "planning" / "plan.py"
+    code = (f"import runpy, sys; runpy.run_path({str(script)!r}, run_name='__main__'); "
+            "assert 'torch' not in sys.modules, 'the planner imported torch'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Recommended: hybrid_shard_degree=4, tensor_parallel_degree=2" in run.stdout
+    count = int(re.search(r"70B needs (\d+) x ml.p4d.24xlarge", run.stdout).group(1))
+    assert count > 4
+    assert "fit() would refuse hybrid_shard_degree=32 on 4 instances" in run.stdout
+    assert f"accepts the recommended layout on {count} instances" in run.stdout

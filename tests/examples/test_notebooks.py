@@ -1,0 +1,108 @@
+"""The example notebooks: stripped in git, up to date with their cells, and they run.
+
+Each notebook is executed headless with nbclient in a fresh kernel started in its own folder
+(as Jupyter does). A cell that raises, including an `assert` cell on the notebook's key result,
+fails the test with the cell's traceback; the executed notebook must hold its plots (image/png).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+from sagemaker_moto import ROLE
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "examples" / "notebooks"
+NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout"]
+# how many plots each notebook draws (one per figure)
+PLOTS = {"quickstart": 1, "planning": 3, "sagemaker": 1, "resume_other_layout": 1}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """MESHTRAIN_HOME for the notebook's jobs: the kernel inherits this process's environment."""
+    monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the resume notebook's checkpoint directories
+    return tmp_path
+
+
+def execute(name: str) -> nbformat.NotebookNode:
+    """Run every cell of `name`.ipynb in a fresh kernel started in the notebooks' folder."""
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    try:
+        client.execute()
+    except CellExecutionError as error:
+        pytest.fail(f"{name}.ipynb: a cell failed:\n{error}", pytrace=False)
+    return notebook
+
+
+def images(notebook: nbformat.NotebookNode) -> int:
+    return sum("image/png" in output.get("data", {})
+               for cell in notebook.cells if cell.cell_type == "code"
+               for output in cell.outputs)
+
+
+def check_ran(notebook: nbformat.NotebookNode, name: str) -> None:
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code), "a cell did not run"
+    errors = [o for cell in code for o in cell.outputs if o.output_type == "error"]
+    assert not errors
+    assert images(notebook) == PLOTS[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_in_git_has_no_outputs(name):
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    nbformat.validate(notebook)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+
+
+def test_notebooks_match_their_cells():
+    """The .ipynb files are what make_notebooks.py writes from notebook_cells*.py."""
+    run = subprocess.run([sys.executable, str(NOTEBOOKS / "make_notebooks.py"), "--check"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def test_planning_notebook(home):
+    check_ran(execute("planning"), "planning")
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_quickstart_notebook(home):
+    check_ran(execute("quickstart"), "quickstart")
+    assert len(list((home / "jobs").iterdir())) == 1  # the notebook's own job
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_sagemaker_notebook_against_moto(aws, home, monkeypatch):
+    """The `aws` fixture points AWS_ENDPOINT_URL at moto; the notebook's SageMaker job is the
+    request moto received, its local try-out a real local job."""
+    monkeypatch.setenv("MESHTRAIN_IMAGE_URI", "meshtrain:latest")
+    monkeypatch.setenv("SAGEMAKER_ROLE", ROLE)
+    check_ran(execute("sagemaker"), "sagemaker")
+    (request,) = [r.json() for r in aws.find("SageMaker.CreateTrainingJob")]
+    assert request["ResourceConfig"] == {"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2,
+                                         "VolumeSizeInGB": 30}
+    assert request["AlgorithmSpecification"]["TrainingImage"] == "meshtrain:latest"
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_resume_notebook(home):
+    check_ran(execute("resume_other_layout"), "resume_other_layout")
+    assert len(list((home / "jobs").iterdir())) == 3
+    assert len(list(home.glob("meshtrain-ckpt-*/step_*"))) == 4  # 6 and 12, and the reference's
