@@ -199,7 +199,7 @@ def check_backend_options(
         raise ConfigError(f"Estimator got an unexpected keyword argument {name!r}.{hint} "
                           f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local) "
                           "and the SageMaker SDK's session options (ml.* types).")
-    if instance_type.startswith("ml."):
+    if isinstance(instance_type, str) and instance_type.startswith("ml."):
         if "jobs_dir" in options:
             raise ConfigError("jobs_dir is where local jobs live; it means nothing for "
                               f"instance_type={instance_type!r}. Remove it.")
