@@ -103,7 +103,12 @@ def stop_job(job: TrainingJob) -> None:
     print(f"Stopping job {job.job_name} ... ", end="", flush=True)
     job.stop()
     status = job.status
-    print("stopped" if status == "Stopped" else f"stop requested (status: {status})")
+    if status == "Stopped":
+        print("stopped")
+    elif status in TERMINAL_STATUSES:
+        print(f"it ended as {status}: see `meshtrain status {job.job_name}`")
+    else:  # SageMaker stops asynchronously
+        print(f"stop requested (status: {status})")
 
 
 def _duration(start: Any, end: Any) -> str:
@@ -152,7 +157,9 @@ def _sagemaker_rows(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]
     response = client.list_training_jobs(SortBy="CreationTime", SortOrder="Descending",
                                          MaxResults=min(args.max, 100))
     rows = []
-    for job in response.get("TrainingJobSummaries", []):
+    summaries = sorted(response.get("TrainingJobSummaries", []),  # not every endpoint sorts
+                       key=lambda job: _seconds(job["CreationTime"]), reverse=True)
+    for job in summaries:
         end = job.get("TrainingEndTime") or (job.get("LastModifiedTime")
                                              if job["TrainingJobStatus"] in TERMINAL_STATUSES
                                              else time.time())
