@@ -38,9 +38,11 @@ from meshtrain_runtime.parallel.fsdp import (
     apply_fsdp,
     data_parallel_mesh,
     expert_data_parallel_mesh,
+    find_embedding_and_head,
     resolve_mixed_precision,
     resolve_offload_policy,
 )
+from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
 
@@ -145,6 +147,8 @@ def _apply_data_parallel(
             offload_policy=options.offload_policy,
         )
     mesh = data_parallel_mesh(st.mesh, st.replicate_degree)
+    if st.tensor_parallel_degree > 1:  # the TP outputs FSDP2 warns about: see quiet.py
+        quiet_tensor_parallel_view_warnings([*find_embedding_and_head(model, blocks), model])
     return apply_fsdp(model, mesh, blocks=blocks, options=options)
 
 
