@@ -178,14 +178,6 @@ def check_metric_definitions(metrics: Any) -> list[dict[str, str]]:
     return checked
 
 
-def check_positive_int(name: str, value: Any, *, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (
-            maximum is not None and value > maximum):
-        bound = f" from 1 to {maximum}" if maximum else " >= 1"
-        raise ConfigError(f"{name} must be an int{bound}, got {value!r}.")
-    return value
-
-
 def check_scalars(*, volume_size: Any, input_mode: Any, container_log_level: Any,
                   preflight: Any, use_spot_instances: Any) -> None:
     """The Estimator's scalar settings, each against its type and documented range."""
