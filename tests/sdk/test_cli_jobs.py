@@ -81,6 +81,8 @@ def test_no_wait_then_stop_says_what_it_did(home, scripts, capsys):
                                                "to stop.")
     assert main(["status", "sleeper"]) == 0
     assert json.loads(capsys.readouterr().out)["TrainingJobStatus"] == "Stopped"
+    assert main(["logs", "sleeper"]) == 0
+    assert "[algo-1] sleeping" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "stop"])

@@ -115,3 +115,20 @@ def test_fit_reports_a_degenerate_layout_once(source, tmp_path, capsys, monkeypa
     assert captured.err.count("resolves to hybrid_shard_degree=1 in world size 2") == 1
     assert captured.err.startswith("meshtrain: warning: sharding_strategy='hybrid_shard'")
     assert captured.out.count("hello from the job") == 2
+
+
+@pytest.mark.parametrize(("field", "value"), [("volume_size", "big"), ("tags", [{"Key": 1}]),
+                                              ("output_path", 5)])
+def test_pydantic_errors_become_config_errors(field, value):
+    """The last guard behind the explicit checks: JobSpec's ValidationError, in house style."""
+    from pydantic import ValidationError
+
+    from meshtrain.contract._messages import arguments_error_from
+    from meshtrain.contract.jobspec import JobSpec
+
+    with pytest.raises(ValidationError) as raw:
+        JobSpec(job_name="j", entry_point="t.py", source_dir="/s", **{field: value})
+    error = arguments_error_from(raw.value, what="Estimator")
+    assert isinstance(error, ConfigError)
+    assert str(error).startswith(f"Invalid Estimator argument(s): {field}")
+    assert "Pass the type shown" in str(error) and "pydantic" not in str(error)
