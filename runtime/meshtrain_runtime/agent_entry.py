@@ -1,16 +1,23 @@
-"""torchrun with two additions: it dies with its bootstrap, and it records how ranks failed.
+"""torchrun with three additions: it dies with its bootstrap, it records how ranks failed, and
+a stop is not reported as a crash.
 
 The bootstrap starts ``python -m meshtrain_runtime.agent_entry <torchrun arguments>`` instead of
-``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition, when
-workers fail, each failure torchrun observed (rank, exit code, the signal that killed it, when)
-is written to ``<MESHTRAIN_RANK_ERROR_DIR>/agent-failures.json``: a rank killed by SIGKILL leaves
-no traceback of its own, so only its agent can say what happened to it.
+``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition:
+
+- when workers fail, each failure torchrun observed (rank, exit code, the signal that killed it,
+  when) is written to ``<MESHTRAIN_RANK_ERROR_DIR>/agent-failures.json``: a rank killed by
+  SIGKILL leaves no traceback of its own, so only its agent can say what happened to it;
+- when the job is stopped, the agent gets SIGTERM, ends its workers and raises
+  ``SignalException`` out of torchrun's ``main()``, whose 30-line traceback reads like a crash.
+  That one exception becomes a one-line note and the conventional exit code (128 + signal).
+  Every other error keeps its traceback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,6 +53,7 @@ def record_failures(records: list[dict[str, Any]], error_dir: str | None) -> Non
 
 def main() -> None:
     die_with_parent()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -54,6 +62,11 @@ def main() -> None:
     except ChildFailedError as error:
         record_failures(failures_of(error), os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
         raise
+    except SignalException as stop:
+        number = int(stop.sigval)
+        print(f"meshtrain: torchrun stopped by {signal.Signals(number).name}; its workers "
+              "were ended (a stop, not an error)", file=sys.stderr, flush=True)
+        sys.exit(128 + number)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
+from meshtrain.contract.support import check_build_support
 from meshtrain.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.delayed_init import (
@@ -37,9 +38,11 @@ from meshtrain_runtime.parallel.fsdp import (
     apply_fsdp,
     data_parallel_mesh,
     expert_data_parallel_mesh,
+    find_embedding_and_head,
     resolve_mixed_precision,
     resolve_offload_policy,
 )
+from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
 
@@ -144,6 +147,8 @@ def _apply_data_parallel(
             offload_policy=options.offload_policy,
         )
     mesh = data_parallel_mesh(st.mesh, st.replicate_degree)
+    if st.tensor_parallel_degree > 1:  # the TP outputs FSDP2 warns about: see quiet.py
+        quiet_tensor_parallel_view_warnings([*find_embedding_and_head(model, blocks), model])
     return apply_fsdp(model, mesh, blocks=blocks, options=options)
 
 
@@ -204,19 +209,7 @@ def _check_request(
 ) -> None:
     """Reject what this build cannot do before anything is changed."""
     params = st.config
-    if params.context_parallel_degree > 1:
-        raise ConfigError(
-            f"context_parallel_degree={params.context_parallel_degree} asks for context "
-            "parallelism, which is not available in this build of meshtrain_runtime yet. Remove "
-            "context_parallel_degree from the parameters (or set it to 1)."
-        )
-    for key in ("sequence_parallel", "loss_parallel"):
-        if getattr(params, key) and st.tensor_parallel_degree == 1:
-            raise ConfigError(
-                f"{key}=True splits activations over the tensor-parallel ranks, but "
-                "tensor_parallel_degree=1: there is nothing to split. Set "
-                f"tensor_parallel_degree >= 2 or {key}=False."
-            )
+    check_build_support(params, st.tensor_parallel_degree)  # the client runs it too
     if from_rank0 and st.tensor_parallel_degree > 1:
         raise ConfigError(
             f"load_state_dict_from_rank0=True with tensor_parallel_degree="

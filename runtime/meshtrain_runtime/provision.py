@@ -1,17 +1,17 @@
-"""Provisioning /opt/ml/code: the user's sourcedir.tar.gz, unpacked safely, and requirements."""
+"""Provisioning /opt/ml/code: the user's sourcedir.tar.gz, unpacked safely, and requirements.
+
+requirements.txt goes into a per-job environment layered on this interpreter (requirements.py),
+never into the interpreter itself.
+"""
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from pathlib import Path
 
 from meshtrain.contract.archive import UnsafeArchiveError, safe_extract
-from meshtrain_runtime.host import PYTHON, HostContract
-
-
-class ProvisionError(RuntimeError):
-    """The user's code could not be made ready (a user error: exit code 1)."""
+from meshtrain_runtime.host import HostContract
+from meshtrain_runtime.requirements import ProvisionError, activate, requirements_environment
 
 
 def _download_s3(uri: str, destination: Path, region: str | None) -> Path:
@@ -50,9 +50,5 @@ def provision_code(contract: HostContract) -> Path:
         raise ProvisionError(f"entry point {contract.entry_point!r} is not in {code_dir}")
     requirements = code_dir / "requirements.txt"
     if requirements.is_file():
-        install = subprocess.run([PYTHON, "-m", "pip", "install", "-r", str(requirements)],
-                                 capture_output=True, text=True)
-        if install.returncode:
-            raise ProvisionError(f"InstallRequirementsError: pip install -r requirements.txt "
-                                 f"failed:\n{install.stderr[-2000:]}")
+        activate(requirements_environment(requirements))
     return script

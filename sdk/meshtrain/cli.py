@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshtrain.cli_jobs import add_job_commands
 from meshtrain.errors import ConfigError, JobFailedError
 from meshtrain.plan.cli import register as register_plan
 
@@ -16,9 +17,18 @@ def _json_arg(text: str) -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
+
+
+def _channel_arg(text: str) -> tuple[str, str]:
+    channel, sep, path = text.partition("=")
+    if not sep or not channel or not path:
+        raise argparse.ArgumentTypeError(f"expected CHANNEL=PATH, e.g. train=./data, got {text!r}")
+    return channel, path
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -29,42 +39,34 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--instance-count", type=int, default=1)
     run.add_argument("--distribution", type=_json_arg, help="the distribution dict as JSON")
     run.add_argument("--hyperparameters", type=_json_arg, default={})
-    run.add_argument("--input", action="append", default=[], metavar="CHANNEL=PATH")
+    run.add_argument("--input", action="append", default=[], metavar="CHANNEL=PATH",
+                     type=_channel_arg)
     run.add_argument("--job-name")
-    run.add_argument("--no-wait", action="store_true")
+    run.add_argument("--jobs-dir", help="where local jobs live (default ~/.meshtrain/jobs)")
+    run.add_argument("--no-wait", action="store_true",
+                     help="return once the job has started; follow it with `meshtrain logs`")
     run.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from meshtrain.estimator import Estimator
 
-    inputs = dict(item.split("=", 1) for item in args.input) or None
+    channels = [channel for channel, _ in args.input]
+    if len(set(channels)) != len(channels):
+        raise ConfigError(f"--input names a channel twice ({', '.join(channels)}); give each "
+                          "channel once.")
+    options = {"jobs_dir": args.jobs_dir} if args.jobs_dir else {}
     estimator = Estimator(entry_point=args.entry_point, source_dir=args.source_dir,
                           instance_type=args.instance_type, instance_count=args.instance_count,
-                          distribution=args.distribution, hyperparameters=args.hyperparameters)
-    job = estimator.fit(inputs=inputs, wait=not args.no_wait, job_name=args.job_name)
-    print(f"job {job.job_name}: model data at {estimator.model_data}")
-    return 0
-
-
-def _add_job_commands(sub: argparse._SubParsersAction) -> None:
-    for name, help_text in (("status", "print DescribeTrainingJob as JSON"),
-                            ("logs", "print a job's logs"), ("stop", "stop a running job")):
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("job_name")
-        command.set_defaults(handler=_job_command, action=name)
-
-
-def _job_command(args: argparse.Namespace) -> int:
-    from meshtrain.estimator import Estimator
-
-    job = Estimator.attach(args.job_name).latest_training_job
-    if args.action == "status":
-        print(json.dumps(job.describe(), indent=2, default=str))
-    elif args.action == "logs":
-        job.logs()
-    else:
-        job.stop()
+                          distribution=args.distribution, hyperparameters=args.hyperparameters,
+                          **options)
+    job = estimator.fit(inputs=dict(args.input) or None, wait=not args.no_wait,
+                        job_name=args.job_name)
+    if args.no_wait:  # nothing has run yet: no model data to announce
+        print(f"job {job.job_name} started; follow it with `meshtrain logs {job.job_name}`, "
+              f"stop it with `meshtrain stop {job.job_name}`.")
+    elif job.status == "Completed":
+        print(f"job {job.job_name}: model data at {estimator.model_data}")
     return 0
 
 
@@ -72,13 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshtrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
-    _add_job_commands(sub)
+    add_job_commands(sub)
     register_plan(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; the exit code: 0 ok, 1 the job failed, 2 a usage or configuration
+    error (a one-line message, no traceback), 130 interrupted (Ctrl-C)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse already printed usage and the error (code 2)
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         return args.handler(args)
     except ConfigError as error:
@@ -87,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobFailedError as error:
         print(f"meshtrain: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # fit() has already said what it did with the job
+        print("meshtrain: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

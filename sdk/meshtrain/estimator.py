@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from meshtrain.backends import Backend, backend_for
+from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.support import degenerate_layout_notes
 from meshtrain.errors import ConfigError
 from meshtrain.estimator_checks import (
     check_backend_options,
     check_cluster,
-    check_entry_point,
-    check_environment,
-    check_hyperparameters,
     check_inputs,
     check_runtime_limits,
+    check_writable_path,
     inline_parameters,
+)
+from meshtrain.estimator_sources import check_entry_point, check_sources
+from meshtrain.estimator_values import (
+    check_environment,
+    check_hyperparameters,
+    check_metric_definitions,
+    check_optional_strings,
+    check_reserved_hyperparameters,
+    check_scalars,
+    check_tags,
 )
 from meshtrain.job import TrainingJob
 from meshtrain.naming import check_job_name, name_from_base
@@ -68,33 +82,48 @@ class Estimator:
         plan_options: dict[str, Any] | None = None,
         **backend_options: Any,
     ) -> None:
+        self.backend_options = check_backend_options(instance_type, backend_options,
+                                                     _own_arguments())
         self.source_dir, self.entry_point = check_entry_point(entry_point, source_dir)
-        self.hyperparameters = check_hyperparameters(hyperparameters or {})
+        self.hyperparameters = check_hyperparameters(
+            {} if hyperparameters is None else hyperparameters)
         self.instance_type, self.instance_count = instance_type, instance_count
-        self.distribution_config, self.world_size = check_cluster(
-            distribution, instance_type, instance_count, self.source_dir, self.entry_point
-        )
+        self.distribution_config, self.world_size, degrees = check_cluster(
+            distribution, instance_type, instance_count, self.entry_point)
         self.distribution = inline_parameters(distribution, self.distribution_config)
+        self._layout_notes = (degenerate_layout_notes(self.distribution_config.smp, degrees)
+                              if degrees else [])
+        self.dependencies = check_sources(self.source_dir, dependencies)
+        check_optional_strings(role=role, image_uri=image_uri, output_path=output_path,
+                               checkpoint_s3_uri=checkpoint_s3_uri,
+                               checkpoint_local_path=checkpoint_local_path,
+                               framework_version=framework_version, py_version=py_version)
+        if instance_type in ("local", "local_gpu"):
+            check_writable_path("output_path", output_path)
+            check_writable_path("checkpoint_local_path", checkpoint_local_path)
         self.role, self.image_uri, self.output_path = role, image_uri, output_path
         self.checkpoint_s3_uri = checkpoint_s3_uri
         self.checkpoint_local_path = checkpoint_local_path
-        self.environment = check_environment(environment or {})
+        self.environment = check_environment({} if environment is None else environment)
+        check_scalars(volume_size=volume_size, input_mode=input_mode, preflight=preflight,
+                      container_log_level=container_log_level,
+                      use_spot_instances=use_spot_instances)
         check_runtime_limits(max_run, max_wait, use_spot_instances)
         self.max_run, self.max_wait, self.use_spot_instances = max_run, max_wait, use_spot_instances
         self.volume_size, self.input_mode = volume_size, input_mode
         if base_job_name is not None:
             check_job_name(base_job_name, what="base_job_name")
         self.base_job_name = base_job_name
-        self.dependencies = [str(Path(d).resolve()) for d in (dependencies or [])]
-        for dependency in self.dependencies:
-            if not Path(dependency).exists():
-                raise ConfigError(f"dependencies: {dependency} does not exist.")
-        self.tags, self.metric_definitions = list(tags or []), list(metric_definitions or [])
+        self.tags, self.metric_definitions = check_tags(tags), check_metric_definitions(
+            metric_definitions)
         self.container_log_level = container_log_level
         self.framework_version, self.py_version = framework_version, py_version
+        if plan_options is not None and not isinstance(plan_options, dict):
+            raise ConfigError(f"plan_options must be a dict, got {type(plan_options).__name__}.")
         self.preflight, self.plan_model = preflight, plan_model
         self.plan_options = dict(plan_options or {})
-        self.backend_options = check_backend_options(instance_type, backend_options)
+        check_reserved_hyperparameters(self.hyperparameters,
+                                       self._spec("reserved-check").distribution_hyperparameters())
         self._backend: Backend | None = None
         self.latest_training_job: TrainingJob | None = None
 
@@ -107,30 +136,42 @@ class Estimator:
     def build_spec(self, inputs: Any = None, job_name: str | None = None) -> JobSpec:
         """The JobSpec `fit()` would submit; validates everything, starts nothing."""
         channels, content_types = check_inputs(inputs)
-        name = check_job_name(job_name) if job_name else name_from_base(
-            self.base_job_name or DEFAULT_BASE_JOB_NAME)
-        return JobSpec(
-            job_name=name, entry_point=self.entry_point, source_dir=self.source_dir,
-            dependencies=self.dependencies, hyperparameters=self.hyperparameters,
-            distribution=self.distribution, instance_type=self.instance_type,
-            instance_count=self.instance_count, inputs=channels,
-            input_content_types=content_types, output_path=self.output_path,
-            checkpoint_s3_uri=self.checkpoint_s3_uri,
-            checkpoint_local_path=self.checkpoint_local_path, environment=self.environment,
-            max_run=self.max_run, max_wait=self.max_wait,
-            use_spot_instances=self.use_spot_instances, volume_size=self.volume_size,
-            input_mode=self.input_mode, image_uri=self.image_uri, role=self.role,
-            tags=self.tags, metric_definitions=self.metric_definitions,
-            container_log_level=self.container_log_level,
-        )
+        if job_name is not None:
+            name = check_job_name(job_name)
+        else:
+            name = name_from_base(self.base_job_name or DEFAULT_BASE_JOB_NAME)
+        return self._spec(name, inputs=channels, input_content_types=content_types)
+
+    def _spec(self, job_name: str, **extra: Any) -> JobSpec:
+        try:
+            return JobSpec(
+                job_name=job_name, entry_point=self.entry_point, source_dir=self.source_dir,
+                dependencies=self.dependencies, hyperparameters=self.hyperparameters,
+                distribution=self.distribution, instance_type=self.instance_type,
+                instance_count=self.instance_count, output_path=self.output_path,
+                checkpoint_s3_uri=self.checkpoint_s3_uri,
+                checkpoint_local_path=self.checkpoint_local_path, environment=self.environment,
+                max_run=self.max_run, max_wait=self.max_wait,
+                use_spot_instances=self.use_spot_instances, volume_size=self.volume_size,
+                input_mode=self.input_mode, image_uri=self.image_uri, role=self.role,
+                tags=self.tags, metric_definitions=self.metric_definitions,
+                container_log_level=self.container_log_level, **extra,
+            )
+        except ValidationError as error:  # the checks above should have caught it first
+            raise arguments_error_from(error, what="Estimator") from None
 
     def fit(
         self, inputs: Any = None, wait: bool = True, logs: bool = True, job_name: str | None = None
     ) -> TrainingJob:
         """Start a training job; with `wait`, block until it ends (raising JobFailedError)."""
+        if not isinstance(wait, bool) or not isinstance(logs, bool):
+            raise ConfigError(f"fit(wait=..., logs=...) take True or False, got wait={wait!r}, "
+                              f"logs={logs!r}.")
         spec = self.build_spec(inputs, job_name)
         self.check_fits()
         self.backend.validate(spec)
+        for note in self._layout_notes:  # once per fit(), before the job's own output
+            print(f"meshtrain: warning: {note}", file=sys.stderr)
         self.latest_training_job = self.backend.submit(spec)
         if wait:
             self.latest_training_job.wait(logs=logs)
@@ -191,3 +232,10 @@ class Estimator:
             metric_definitions=spec.metric_definitions,
             container_log_level=spec.container_log_level, **backend_options,
         )
+
+
+def _own_arguments() -> list[str]:
+    """The Estimator's own keyword names (for a did-you-mean on a mistyped one)."""
+    parameters = inspect.signature(Estimator.__init__).parameters.values()
+    return [p.name for p in parameters
+            if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]

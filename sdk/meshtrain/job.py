@@ -8,6 +8,20 @@ from typing import Any
 from meshtrain.errors import JobFailedError
 
 TERMINAL_STATUSES = frozenset({"Completed", "Failed", "Stopped"})
+LIMIT_STATUSES = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
+
+
+def stop_reason(description: dict[str, Any]) -> str:
+    """': MaxRuntimeExceeded ...' when a limit stopped the job (SageMaker says it in
+    SecondaryStatus, local jobs in FailureReason), else ''."""
+    reason = description.get("FailureReason")
+    if reason:
+        return f": {reason}"
+    secondary = description.get("SecondaryStatus")
+    if secondary in LIMIT_STATUSES:
+        limit = description.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
+        return f": {secondary}" + (f" (max_run={limit}s)" if limit else "")
+    return ""
 
 
 class TrainingJob(abc.ABC):
@@ -52,8 +66,8 @@ class TrainingJob(abc.ABC):
         if status == "Failed":
             reason = description.get("FailureReason", "(no failure reason recorded)")
             raise JobFailedError(self.job_name, reason)
-        if status == "Stopped":
-            print(f"Training job {self.job_name} was stopped.")
+        if status == "Stopped":  # not an error, as in the SageMaker SDK: say why it stopped
+            print(f"Training job {self.job_name} was stopped{stop_reason(description)}.")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.job_name!r})"

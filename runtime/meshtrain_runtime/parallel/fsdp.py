@@ -26,6 +26,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from meshtrain.contract.support import check_cpu_offload
 from meshtrain.errors import ConfigError
 
 _PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None, None: None}
@@ -64,13 +65,7 @@ def resolve_offload_policy(cpu_offload: bool, device_type: str) -> OffloadPolicy
     """
     if not cpu_offload:
         return OffloadPolicy()
-    if device_type == "cpu":
-        raise ConfigError(
-            "cpu_offload=True moves parameters, gradients and optimizer state from the "
-            "accelerator to host memory, but this process runs on the CPU (no CUDA device): "
-            "there is nothing to offload from. Set cpu_offload=False here (the states already "
-            "live in host memory), or run on GPU hosts."
-        )
+    check_cpu_offload(cpu_offload, device_type)  # the client runs the same check
     return CPUOffloadPolicy(pin_memory=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import secrets
@@ -225,16 +226,34 @@ class LocalTrainingJob(TrainingJob):
                     break
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
-            self.stop()
-            raise
+            self._stop_on_interrupt()
+            # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md); the
+            # message replaces the frames of the polling loop the user never wrote.
+            raise KeyboardInterrupt(f"training job {self.job_name} was stopped (Ctrl-C)"
+                                    ) from None
         self._wait_for_supervisor_exit()  # it records the status just before it ends
         if logs:
             self._print_new_log()
             print(f"===== Job {description['TrainingJobStatus']} =====")
         self.raise_for_status(description)
 
+    def _stop_on_interrupt(self) -> None:
+        """Ctrl-C while waiting: a local job dies with its client, and says so."""
+        print(f"\nStopping job {self.job_name} ... ", end="", flush=True)
+        try:
+            self.stop()
+        except KeyboardInterrupt:  # a second Ctrl-C: leave the supervisor to finish it
+            print(f"still stopping in the background; see `meshtrain status {self.job_name}`")
+            return
+        print(self.job_dir.read_status().get("TrainingJobStatus", "?").lower())
+
     def logs(self) -> None:
-        sys.stdout.write(self.job_dir.log_file.read_text(errors="replace"))
+        """Print the job's merged log so far (every host, prefixed with its name)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with open(self.job_dir.log_file, "rb") as log:
+            for chunk in iter(lambda: log.read(1 << 20), b""):  # large logs: not all in memory
+                sys.stdout.write(decoder.decode(chunk))
+        sys.stdout.write(decoder.decode(b"", final=True))
         sys.stdout.flush()
 
     def stop(self) -> None:

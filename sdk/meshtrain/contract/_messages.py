@@ -42,6 +42,17 @@ def config_error_from(
     return ConfigError("Invalid distribution: " + " ".join(lines))
 
 
+def arguments_error_from(error: ValidationError, *, what: str) -> ConfigError:
+    """A ConfigError for a model built from plain arguments (e.g. JobSpec from the Estimator)."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "<root>"
+        msg = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg} (got {_short(item.get('input'))}).")
+    return ConfigError(f"Invalid {what} argument(s): " + " ".join(lines)
+                       + " Pass the type shown in the argument's documentation.")
+
+
 def _short(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,66 @@
+"""What this build of the runtime can run: one set of checks that the client and the runtime share.
+
+The runtime calls these before it touches a model; the Estimator calls the same functions before a
+job is launched, so a setting the runtime would refuse is refused on the user's machine, with the
+same message, instead of minutes later on every rank.
+"""
+
+from __future__ import annotations
+
+from meshtrain.contract.degrees import ResolvedDegrees
+from meshtrain.contract.distribution import SMPParameters
+from meshtrain.errors import ConfigError
+
+
+def check_build_support(params: SMPParameters, tensor_parallel_degree: int) -> None:
+    """Refuse parameters this build does not run: context parallelism, SP/loss-parallel sans TP."""
+    if params.context_parallel_degree > 1:
+        raise ConfigError(
+            f"context_parallel_degree={params.context_parallel_degree} asks for context "
+            "parallelism, which is not available in this build of meshtrain_runtime yet. Remove "
+            "context_parallel_degree from the parameters (or set it to 1)."
+        )
+    for key in ("sequence_parallel", "loss_parallel"):
+        if getattr(params, key) and tensor_parallel_degree == 1:
+            raise ConfigError(
+                f"{key}=True splits activations over the tensor-parallel ranks, but "
+                "tensor_parallel_degree=1: there is nothing to split. Set "
+                f"tensor_parallel_degree >= 2 or {key}=False."
+            )
+
+
+def check_cpu_offload(cpu_offload: bool, device_type: str) -> None:
+    """`cpu_offload` needs an accelerator to offload from; `device_type` is "cpu" or "cuda".
+
+    On a CPU-only process parameters, gradients and optimizer state already live in host memory,
+    so silently ignoring the key would hide a job that was meant for GPU hosts.
+    """
+    if cpu_offload and device_type == "cpu":
+        raise ConfigError(
+            "cpu_offload=True moves parameters, gradients and optimizer state from the "
+            "accelerator to host memory, but this process runs on the CPU (no CUDA device): "
+            "there is nothing to offload from. Set cpu_offload=False here (the states already "
+            "live in host memory), or run on GPU hosts."
+        )
+
+
+def degenerate_layout_notes(params: SMPParameters, degrees: ResolvedDegrees) -> list[str]:
+    """Layouts that were asked for but resolve to something plainer (said once, not refused).
+
+    Example: ``sharding_strategy='hybrid_shard'`` with one rank per host resolves to a shard
+    degree of 1, i.e. plain replication (DDP-like, no memory saved by sharding).
+    """
+    notes = []
+    asked = params.sharding_strategy
+    if asked in ("hybrid_shard", "_hybrid_shard_zero2", "full_shard", "shard_grad_op") and (
+            degrees.hybrid_shard_degree == 1 and degrees.world_size > 1):
+        notes.append(
+            f"sharding_strategy={asked!r} resolves to hybrid_shard_degree=1 in world size "
+            f"{degrees.world_size}: every rank keeps a full replica (plain data parallelism, no "
+            "memory saved by sharding). Set hybrid_shard_degree >= 2 (or more processes per "
+            "host), or say sharding_strategy='no_shard' if replication is what you want."
+        )
+    if degrees.world_size == 1 and asked not in (None, "no_shard"):
+        notes.append(f"sharding_strategy={asked!r} in a job of one rank has no effect: there is "
+                     "nothing to shard over. Add processes or hosts, or drop sharding_strategy.")
+    return notes

@@ -1,0 +1,147 @@
+"""The `meshtrain` command on real local jobs (plain Python scripts, no torchrun): list, stop,
+run --no-wait, unknown names, Ctrl-C in fit() and in `meshtrain run`, max_run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator
+from meshtrain.cli import main
+
+pytestmark = pytest.mark.multiprocess
+NO_AWS = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+          "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in NO_AWS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def scripts(tmp_path) -> Path:
+    root = tmp_path / "scripts"
+    root.mkdir()
+    (root / "hello.py").write_text("print('hello from the job', flush=True)\n")
+    (root / "sleep.py").write_text("import time\nprint('sleeping', flush=True)\n"
+                                   "time.sleep(300)\n")
+    return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_list_shows_local_jobs_newest_first(home, scripts, capsys):
+    for name in ("first-job", "second-job"):
+        assert main(["run", str(scripts / "hello.py"), "--job-name", name]) == 0
+    out = capsys.readouterr().out
+    assert "hello from the job" in out
+    assert f"job second-job: model data at file://{home}/jobs/second-job/output/model.tar.gz" in out
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION"]
+    assert [line.split()[:2] for line in lines[1:]] == [["second-job", "Completed"],
+                                                        ["first-job", "Completed"]]
+    assert all(re.fullmatch(r"\d+m\d\ds", line.split()[-1]) for line in lines[1:])
+
+
+def test_no_wait_then_stop_says_what_it_did(home, scripts, capsys):
+    assert main(["run", str(scripts / "sleep.py"), "--job-name", "sleeper", "--no-wait"]) == 0
+    out = capsys.readouterr().out
+    assert "job sleeper started" in out and "model data" not in out
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["sleeper", "InProgress"]
+    log = home / "jobs" / "sleeper" / "job.log"
+    deadline = time.monotonic() + 120
+    while "sleeping" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)  # stop a job that runs (not one whose supervisor is still starting)
+    assert main(["stop", "sleeper"]) == 0
+    assert capsys.readouterr().out.strip() == "Stopping job sleeper ... stopped"
+    assert main(["stop", "sleeper"]) == 0
+    assert capsys.readouterr().out.strip() == ("job sleeper already ended (Stopped); nothing "
+                                               "to stop.")
+    assert main(["status", "sleeper"]) == 0
+    assert json.loads(capsys.readouterr().out)["TrainingJobStatus"] == "Stopped"
+    assert main(["logs", "sleeper"]) == 0
+    assert "[algo-1] sleeping" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "stop"])
+def test_unknown_job_is_one_line_and_exit_2(home, command):
+    env = {**os.environ, **NO_AWS}
+    done = subprocess.run([sys.executable, "-m", "meshtrain.cli", command, "no-such-job"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == (f"meshtrain: no local job no-such-job under {home}/jobs; for "
+                           "SageMaker jobs pass --region / configure AWS.\n")
+    assert done.stdout == ""
+
+
+def _start(argv: list[str], home: Path) -> subprocess.Popen:
+    env = {**os.environ, **NO_AWS, "MESHTRAIN_HOME": str(home)}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _interrupt_when_running(client: subprocess.Popen) -> tuple[str, str]:
+    line = client.stdout.readline()  # the job's first line: it is running
+    assert "sleeping" in line, line
+    client.send_signal(signal.SIGINT)
+    out, err = client.communicate(timeout=120)
+    return line + out, err
+
+
+def test_ctrl_c_in_fit_stops_the_job_and_says_so(home, scripts, tmp_path):
+    program = tmp_path / "launch.py"
+    program.write_text(
+        "from meshtrain import Estimator\n"
+        f"Estimator('sleep.py', source_dir={str(scripts)!r}).fit(job_name='interrupted')\n")
+    client = _start([sys.executable, str(program)], home)
+    out, err = _interrupt_when_running(client)
+    assert "Stopping job interrupted ... stopped" in out
+    assert client.returncode != 0  # the caller's program stops, as Ctrl-C means
+    assert err.strip().splitlines()[-1] == ("KeyboardInterrupt: training job interrupted was "
+                                            "stopped (Ctrl-C)")
+    status = json.loads((home / "jobs" / "interrupted" / "status.json").read_text())
+    assert status["TrainingJobStatus"] == "Stopped"
+    supervisor = int((home / "jobs" / "interrupted" / "supervisor.pid").read_text())
+    assert not _alive(supervisor)
+
+
+def test_ctrl_c_in_meshtrain_run_exits_130_without_traceback(home, scripts):
+    client = _start([sys.executable, "-m", "meshtrain.cli", "run", str(scripts / "sleep.py"),
+                     "--job-name", "cli-interrupted"], home)
+    out, err = _interrupt_when_running(client)
+    assert client.returncode == 130
+    assert "Stopping job cli-interrupted ... stopped" in out
+    assert "Traceback" not in err and err.strip() == "meshtrain: interrupted"
+
+
+def test_max_run_names_max_runtime_exceeded(home, scripts, capsys):
+    estimator = Estimator("sleep.py", source_dir=str(scripts), max_run=2)
+    started = time.monotonic()
+    job = estimator.fit(job_name="too-long")  # a stopped job is not an error (SDK behaviour)
+    assert time.monotonic() - started < 120
+    assert job.status == "Stopped"
+    out = capsys.readouterr().out
+    assert ("Training job too-long was stopped: MaxRuntimeExceeded: the job ran past "
+            "max_run=2s.") in out

@@ -1,0 +1,134 @@
+"""Paper cuts of the Estimator (issue 11): did-you-mean for keywords and entry points, the
+runtime's refusals made at the client by the same functions, degenerate layouts reported once."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshtrain import ConfigError, Estimator
+from meshtrain.contract import support
+from meshtrain.contract.distribution import SMPParameters
+from meshtrain.estimator_checks import local_gpu_count
+
+
+@pytest.fixture
+def source(tmp_path):
+    root = tmp_path / "src"
+    (root / "models").mkdir(parents=True)
+    (root / "train.py").write_text("print('hello from the job', flush=True)\n")
+    (root / "models" / "llama.py").write_text("")
+    return root
+
+
+def smp(ppn=2, **parameters):
+    return {"torch_distributed": {"enabled": True, "processes_per_host": ppn},
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}}}
+
+
+@pytest.mark.parametrize(("keyword", "meant"), [
+    ("instance_typ", "instance_type"), ("volume_sise", "volume_size"),
+    ("hyperparamters", "hyperparameters"), ("output_pth", "output_path"),
+    ("checkpoint_s3_url", "checkpoint_s3_uri"), ("max_wiat", "max_wait"),
+])
+def test_unknown_keyword_suggests_the_estimators_own_argument(source, keyword, meant):
+    with pytest.raises(ConfigError) as error:
+        Estimator("train.py", source_dir=str(source), **{keyword: 1})
+    message = str(error.value)
+    assert message.startswith(f"Estimator got an unexpected keyword argument {keyword!r}. "
+                              f"Did you mean {meant!r}?")
+    assert "not honoured by local jobs" not in message
+
+
+def test_backend_options_still_work(source, tmp_path):
+    jobs = tmp_path / "jobs"
+    estimator = Estimator("train.py", source_dir=str(source), jobs_dir=str(jobs))
+    assert estimator.backend.jobs_dir == jobs
+    remote = Estimator("train.py", source_dir=str(source), instance_type="ml.p4d.24xlarge",
+                       subnets=["subnet-1"], security_group_ids=["sg-1"], sagemaker_session=None)
+    assert remote.backend_options["subnets"] == ["subnet-1"]
+    with pytest.raises(ConfigError, match="SageMaker options, not honoured by local jobs"):
+        Estimator("train.py", source_dir=str(source), subnets=["s"], security_group_ids=["g"])
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("trian.py", "train.py"),
+                                             ("models/lama.py", "models/llama.py"),
+                                             ("Train.py", "train.py")])
+def test_entry_point_typo_suggests_a_file_in_source_dir(source, typo, meant):
+    with pytest.raises(ConfigError, match=f"Did you mean '{meant}'"):
+        Estimator(typo, source_dir=str(source))
+
+
+def test_entry_point_without_match_lists_the_scripts(source):
+    with pytest.raises(ConfigError, match=r"Scripts there: models/llama.py, train.py"):
+        Estimator("zzzzzz.py", source_dir=str(source))
+
+
+@pytest.mark.parametrize("parameters", [
+    {"context_parallel_degree": 2}, {"sequence_parallel": True}, {"loss_parallel": True}])
+def test_runtime_refusals_happen_at_the_client_with_the_runtimes_message(source, parameters):
+    with pytest.raises(ConfigError) as client:
+        Estimator("train.py", source_dir=str(source), distribution=smp(**parameters))
+    with pytest.raises(ConfigError) as runtime:
+        support.check_build_support(SMPParameters(**parameters), tensor_parallel_degree=1)
+    assert str(client.value) == str(runtime.value)
+
+
+def test_cpu_offload_on_a_local_host_without_gpus(source):
+    if local_gpu_count():
+        pytest.skip("this machine has GPUs: cpu_offload is valid here")
+    with pytest.raises(ConfigError, match="cpu_offload=True moves parameters"):
+        Estimator("train.py", source_dir=str(source), distribution=smp(cpu_offload=True))
+    # SageMaker GPU instances can offload: not refused there.
+    Estimator("train.py", source_dir=str(source), instance_type="ml.p4d.24xlarge",
+              distribution=smp(ppn=None, cpu_offload=True))
+
+
+def test_the_runtime_calls_the_same_check_functions():
+    pytest.importorskip("torch")
+    from meshtrain_runtime import parallelize
+    from meshtrain_runtime.parallel import fsdp
+
+    assert parallelize.check_build_support is support.check_build_support
+    assert fsdp.check_cpu_offload is support.check_cpu_offload
+    with pytest.raises(ConfigError, match="nothing to offload from"):
+        fsdp.resolve_offload_policy(True, "cpu")
+
+
+def test_a_degenerate_layout_is_noted():
+    from meshtrain.contract.degrees import resolve_degrees
+
+    params = SMPParameters(sharding_strategy="hybrid_shard")
+    notes = support.degenerate_layout_notes(params, resolve_degrees(params, 2, ranks_per_host=1))
+    assert len(notes) == 1 and "resolves to hybrid_shard_degree=1 in world size 2" in notes[0]
+    fine = resolve_degrees(params, 4, ranks_per_host=2)
+    assert support.degenerate_layout_notes(params, fine) == []
+
+
+@pytest.mark.multiprocess
+def test_fit_reports_a_degenerate_layout_once(source, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    estimator = Estimator("train.py", source_dir=str(source), instance_count=2,
+                          distribution=smp(ppn=1, sharding_strategy="hybrid_shard"),
+                          jobs_dir=str(tmp_path / "jobs"))
+    estimator.fit(job_name="degenerate")
+    captured = capsys.readouterr()
+    assert captured.err.count("resolves to hybrid_shard_degree=1 in world size 2") == 1
+    assert captured.err.startswith("meshtrain: warning: sharding_strategy='hybrid_shard'")
+    assert captured.out.count("hello from the job") == 2
+
+
+@pytest.mark.parametrize(("field", "value"), [("volume_size", "big"), ("tags", [{"Key": 1}]),
+                                              ("output_path", 5)])
+def test_pydantic_errors_become_config_errors(field, value):
+    """The last guard behind the explicit checks: JobSpec's ValidationError, in house style."""
+    from pydantic import ValidationError
+
+    from meshtrain.contract._messages import arguments_error_from
+    from meshtrain.contract.jobspec import JobSpec
+
+    with pytest.raises(ValidationError) as raw:
+        JobSpec(job_name="j", entry_point="t.py", source_dir="/s", **{field: value})
+    error = arguments_error_from(raw.value, what="Estimator")
+    assert isinstance(error, ConfigError)
+    assert str(error).startswith(f"Invalid Estimator argument(s): {field}")
+    assert "Pass the type shown" in str(error) and "pydantic" not in str(error)
