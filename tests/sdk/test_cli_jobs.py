@@ -85,6 +85,18 @@ def test_no_wait_then_stop_says_what_it_did(home, scripts, capsys):
     assert "[algo-1] sleeping" in capsys.readouterr().out
 
 
+def test_stop_right_after_start_is_stopped_not_failed(home, scripts, capsys):
+    """SIGTERM may reach the supervisor before its handler exists: the job was still stopped."""
+    for attempt in range(3):
+        name = f"early-{attempt}"
+        assert main(["run", str(scripts / "sleep.py"), "--job-name", name, "--no-wait"]) == 0
+        assert main(["stop", name]) == 0
+        capsys.readouterr()
+        assert main(["status", name]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["TrainingJobStatus"] == "Stopped", status.get("FailureReason")
+
+
 @pytest.mark.parametrize("command", ["status", "logs", "stop"])
 def test_unknown_job_is_one_line_and_exit_2(home, command):
     env = {**os.environ, **NO_AWS}

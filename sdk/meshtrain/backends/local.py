@@ -194,15 +194,20 @@ class LocalTrainingJob(TrainingJob):
         except OSError:
             return {**self.job_dir.read_status(), **changes}
 
+    def _record_end_of_dead_supervisor(self) -> dict[str, Any]:
+        if self.job_dir.stop_request_file.exists():
+            return self._record_end(TrainingJobStatus="Stopped")
+        return self._record_end(
+            TrainingJobStatus="Failed",
+            FailureReason="InternalServerError: the local supervisor process died")
+
     def describe(self) -> dict[str, Any]:
         status = self.job_dir.read_status()
         if status["TrainingJobStatus"] not in TERMINAL_STATUSES and not self._supervisor_alive():
             time.sleep(POLL_SECONDS)  # it may have finished between the two reads
             status = self.job_dir.read_status()
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
-                status = self._record_end(
-                    TrainingJobStatus="Failed",
-                    FailureReason="InternalServerError: the local supervisor process died")
+                status = self._record_end_of_dead_supervisor()
         spec = self.job_dir.read_spec()
         return _description(spec, self.job_dir, status)
 
@@ -261,6 +266,8 @@ class LocalTrainingJob(TrainingJob):
         (killed) or does not end, every process still carrying the job's token is ended here
         and the job is recorded as Stopped: the job is terminal when this returns."""
         pid = self._supervisor_pid()
+        with contextlib.suppress(OSError):  # a full disk must not keep the job from stopping
+            self.job_dir.stop_request_file.touch()
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
                 os.kill(pid, signal.SIGTERM)

@@ -53,6 +53,12 @@ class JobDirectory:
         return self.root / "supervisor.pid"
 
     @property
+    def stop_request_file(self) -> Path:
+        """Written by stop() before it signals: a supervisor found dead after it was asked to
+        stop (it may die of the SIGTERM before its handler is installed) was stopped, not lost."""
+        return self.root / "stop-requested"
+
+    @property
     def token_file(self) -> Path:
         return self.root / "job.token"
 
