@@ -40,7 +40,6 @@ from meshtrain.plan.memory import (
     ModelStateBytes,
     Training,
     model_state_bytes,
-    optimizer_step_bytes,
     zero_stage_bytes,
 )
 from meshtrain.plan.models import ModelSpec
@@ -106,7 +105,7 @@ def estimate_layout(
         offload=parameters.activation_offloading,
         loading_horizon=parameters.activation_loading_horizon,
     )
-    memory = _memory(model, parameters, degrees, training, acts, cluster.reserve_bytes)
+    memory = _memory(model, parameters, degrees, training, acts, cluster)
     recompute_fraction = acts.num_checkpointed / model.num_layers
     volumes = communication_volumes(
         model, degrees, training, recompute=recompute_fraction,
@@ -119,22 +118,24 @@ def estimate_layout(
 
 
 def _memory(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegrees,
-            training: Training, acts: ActivationEstimate, reserve: int) -> MemoryEstimate:
+            training: Training, acts: ActivationEstimate, cluster: Cluster) -> MemoryEstimate:
     offload: Offload = "cpu_offload" if parameters.cpu_offload else (
         "optimizer" if training.optimizer_offload else "none")
     # The runtime skips FSDP only for tensor parallelism alone without an FSDP policy.
     uses_fsdp = (degrees.tensor_parallel_degree == 1 or degrees.data_parallel_degree > 1
                  or training.mixed or parameters.cpu_offload)
     phases = phase_memory(model, degrees, training, acts, offload=offload, uses_fsdp=uses_fsdp,
-                          loss_parallel=parameters.loss_parallel)
+                          loss_parallel=parameters.loss_parallel,
+                          on_gpu=cluster.rank_unit == "GPU")
     states = model_state_bytes(model, degrees, training, cpu_offload=parameters.cpu_offload)
     if offload == "optimizer":
         states = ModelStateBytes(states.parameters, states.gradients, 0)
     peak = max(phases, key=lambda phase: phase.total)
     temporary = {k: v for k, v in peak.terms.items() if k not in RESIDENT_TERMS}
-    step_buffer = 0 if offload != "none" else optimizer_step_bytes(model, degrees, training)
+    step_buffer = phases[-1].terms["optimizer_step_buffer"]
     return MemoryEstimate(states=states, activations=acts.total_bytes, temporary=temporary,
-                          optimizer_step=step_buffer, reserve=reserve, phases=tuple(phases))
+                          optimizer_step=step_buffer, reserve=cluster.reserve_bytes,
+                          phases=tuple(phases))
 
 
 def _with_precision(training: Training, parameters: SMPParameters) -> Training:
@@ -243,7 +244,9 @@ def reasoning(estimate: LayoutEstimate, plan: Plan) -> str:
     capacity = estimate.capacity_bytes
     peak = estimate.memory.peak_bytes / GIB
     if capacity is None:
-        fit = f"needs {peak:.1f} GiB per GPU (no GPU memory to compare with)"
+        unit = plan.cluster.rank_unit
+        fit = (f"needs {peak:.1f} GiB per {unit}" + (" (no GPU memory to compare with)"
+                                                      if unit == "GPU" else ""))
     elif estimate.fits:
         fit = f"fits: {peak:.1f} of {capacity / GIB:.1f} GiB usable per GPU"
     else:
@@ -271,11 +274,14 @@ def _biggest_part(estimate: LayoutEstimate) -> str:
 
 def tipping_term(phase: PhaseMemory, capacity: int | None) -> str:
     """The term of `phase` without which it would fit in `capacity` (the smallest such term:
-    the one that tips it), else its largest term."""
+    the one that tips it; on a tie a buffer rather than a model state or activations), else
+    its largest term."""
     if capacity is None or phase.total <= capacity:
         return phase.largest_term
     enough = [k for k, v in phase.terms.items() if phase.total - v <= capacity]
-    return min(enough, key=lambda k: phase.terms[k]) if enough else phase.largest_term
+    if not enough:
+        return phase.largest_term
+    return min(enough, key=lambda k: (phase.terms[k], k in RESIDENT_TERMS))
 
 
 __all__ = [

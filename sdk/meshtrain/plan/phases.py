@@ -98,6 +98,8 @@ class FSDPGroups:
     num_blocks: int
     sharded: int
     """Elements of every group's shard on this rank (the model states' element count)."""
+    largest_shard: int
+    """Elements of the largest single parameter shard on this rank."""
 
     @property
     def block_total(self) -> int:
@@ -114,9 +116,11 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
     tp, ep, shard = (degrees.tensor_parallel_degree, degrees.expert_parallel_degree,
                      degrees.hybrid_shard_degree)
     sizes = {"embedding": 0, "layer": 0, "experts": 0, "head": 0, "root": 0}
-    sharded = 0
+    sharded = largest = 0
     for group in param_groups(model):
-        local = group.count * group_shard_elements(group, tp=tp, ep=ep, shard=shard)
+        one = group_shard_elements(group, tp=tp, ep=ep, shard=shard)
+        largest = max(largest, one)
+        local = group.count * one
         sharded += local
         width = shard // ep if group.expert else shard
         unit = "experts" if group.expert and ep > 1 else group.unit
@@ -129,7 +133,8 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
         block = model.largest_layer_params / tp
     return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
                       experts=math.ceil(sizes["experts"] / blocks), head=sizes["head"],
-                      root=sizes["root"], num_blocks=blocks, sharded=sharded)
+                      root=sizes["root"], num_blocks=blocks, sharded=sharded,
+                      largest_shard=largest)
 
 
 @dataclass(frozen=True)
@@ -145,8 +150,18 @@ class _Step:
     step_buffer: float
 
 
+def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
+    """torch's AdamW defaults to foreach on CUDA: ``_foreach_sqrt`` of every second moment at
+    once (4 B per local parameter). On CPU it defaults to the per-tensor loop, whose
+    ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` briefly holds two fp32 copies of one tensor.
+    Fused AdamW and optimizers without a second moment need none."""
+    if OPTIMIZER_STATE_BYTES[training.optimizer] < 8 or training.fused_optimizer:
+        return 0.0
+    return _F32 * groups.sharded if on_gpu else 2 * _F32 * groups.largest_shard
+
+
 def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
-          offload: Offload, uses_fsdp: bool) -> _Step:
+          offload: Offload, uses_fsdp: bool, on_gpu: bool) -> _Step:
     groups = fsdp_groups(model, degrees)
     moments = OPTIMIZER_STATE_BYTES[training.optimizer]
     on_gpu_params = offload != "cpu_offload"
@@ -155,12 +170,12 @@ def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
         "sharded_parameters": _PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
         "optimizer_states": moments * groups.sharded if on_gpu_optimizer else 0.0,
     }
-    foreach = moments >= 8 and not training.fused_optimizer and on_gpu_optimizer
     return _Step(c=training.compute_bytes if uses_fsdp else _PARAM_BYTES, groups=groups,
                  fsdp=uses_fsdp, shard_grad_op=not degrees.reshard_after_forward,
                  states=states,
                  gradients=_PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
-                 step_buffer=_F32 * groups.sharded if foreach else 0.0)
+                 step_buffer=_step_buffer(groups, training, on_gpu) if on_gpu_optimizer
+                 else 0.0)
 
 
 def phase_memory(
@@ -172,14 +187,16 @@ def phase_memory(
     offload: Offload = "none",
     uses_fsdp: bool = True,
     loss_parallel: bool = False,
+    on_gpu: bool = True,
 ) -> list[PhaseMemory]:
     """The four phases of one step on one rank (see the module docstring).
 
     `uses_fsdp` is False only where the runtime skips FSDP (tensor parallelism alone, fp32,
     no offload: see `meshtrain_runtime.parallelize.uses_fsdp`); `loss_parallel` keeps the
-    logits split over the vocabulary.
+    logits split over the vocabulary; `on_gpu` False plans CPU ranks (the optimizer's
+    per-tensor loop, see `_step_buffer`).
     """
-    step = _step(model, degrees, training, offload, uses_fsdp)
+    step = _step(model, degrees, training, offload, uses_fsdp, on_gpu)
     tokens_vocab = _tokens_vocab(model, degrees, training, loss_parallel)
     return [
         PhaseMemory("forward", step.states | _forward_terms(step, activations)),
@@ -206,24 +223,24 @@ def _block_activations(acts: ActivationEstimate) -> float:
     return acts.total_bytes - sum(acts.model_terms.values())
 
 
-def _gathered_in_forward(step: _Step, current: float) -> float:
-    """Unsharded parameters held while a group computes in forward: its own, its flat
-    all-gather buffer (kept until the next copy-out), the root's and, under shard_grad_op,
-    every group gathered so far."""
+def _gathered_in_forward(step: _Step, *, at_head: bool) -> float:
+    """Unsharded parameters held while a block (or, `at_head`, the output head) computes in
+    forward: its own, its flat all-gather buffer (kept until the next copy-out) and the root's;
+    under shard_grad_op every group gathered so far instead of only the running one."""
     if not step.fsdp:
         return 0.0
     g = step.groups
-    held = g.root + 2 * current
+    current = g.head if at_head else g.block_total
     if step.shard_grad_op:
-        held += g.embedding + g.num_blocks * g.block_total + (g.head if current != g.head else 0)
-        held -= current
-    return step.c * held
+        running = g.embedding + g.num_blocks * g.block_total + (g.head if at_head else 0)
+        return step.c * (g.root + current + running)
+    return step.c * (g.root + 2 * current)
 
 
 def _forward_terms(step: _Step, acts: ActivationEstimate) -> dict[str, float]:
     return {
         "activations": _block_activations(acts) + _model_terms(acts, before_blocks=True),
-        "gathered_parameters": _gathered_in_forward(step, step.groups.block_total),
+        "gathered_parameters": _gathered_in_forward(step, at_head=False),
     }
 
 
@@ -232,7 +249,7 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
     c, head = step.c, step.groups.head
     activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
     upcast = c * tokens_vocab + (_F32 * tokens_vocab if c != _F32 else 0.0)
-    forward_gathered = _gathered_in_forward(step, head)
+    forward_gathered = _gathered_in_forward(step, at_head=True)
     backward_gathered = forward_gathered - (step.c * head if step.fsdp else 0.0)
     first_grads = 2 * _F32 * tokens_vocab
     if upcast + forward_gathered >= first_grads + backward_gathered:
