@@ -12,7 +12,8 @@ states. The sharded gradients exist only from backward to the end of the optimiz
 ``zero_grad(set_to_none=True)`` (torch's default) frees them after every step.
 
 - **forward**: at the end of the last block's forward. Saved activations of every block (or
-  their checkpoints), the unsharded compute-dtype parameters of the block running, and its
+  their checkpoints, and the running checkpointed block's MLP intermediates, freed as they
+  are used), the unsharded compute-dtype parameters of the block running, and its
   flat all-gather buffer, which FSDP2 keeps until the next group's copy-out (the "implicit
   prefetch" that overlaps one all-gather with the next copy-out): two blocks' worth.
 - **loss**: the output head runs and the loss is computed. HF's causal-LM loss upcasts the
@@ -148,6 +149,8 @@ class _Step:
     states: dict[str, float]
     gradients: float
     step_buffer: float
+    scratch: bool
+    """CPU ranks (gloo): every all-gather and reduce-scatter copies its full buffer once."""
 
 
 def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
@@ -175,7 +178,7 @@ def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
                  states=states,
                  gradients=_PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
                  step_buffer=_step_buffer(groups, training, on_gpu) if on_gpu_optimizer
-                 else 0.0)
+                 else 0.0, scratch=not on_gpu)
 
 
 def phase_memory(
@@ -237,62 +240,102 @@ def _gathered_in_forward(step: _Step, *, at_head: bool) -> float:
     return step.c * (g.root + 2 * current)
 
 
+def _mlp_terms(acts: ActivationEstimate) -> float:
+    return acts.layer_terms.get("mlp", acts.layer_terms.get("moe_experts",
+                                                            acts.layer_terms.get(
+                                                                "gelu_input_output", 0.0)))
+
+
+def _worst(moments: list[dict[str, float]]) -> dict[str, float]:
+    return max(moments, key=lambda terms: sum(terms.values()))
+
+
 def _forward_terms(step: _Step, acts: ActivationEstimate) -> dict[str, float]:
-    return {
-        "activations": _block_activations(acts) + _model_terms(acts, before_blocks=True),
-        "gathered_parameters": _gathered_in_forward(step, at_head=False),
-    }
+    """End of the last block's forward; on CPU ranks also its all-gather, which gloo runs
+    through a temporary copy of the gathered buffer (the previous block's activations are
+    all there, the running block's not yet)."""
+    saved = _block_activations(acts) + _model_terms(acts, before_blocks=True)
+    gathered = _gathered_in_forward(step, at_head=False)
+    # A checkpointed block saves nothing but its input; what it computes is freed once used.
+    # Its high-water mark is its MLP, whose [tokens, intermediate] tensors (gate, its
+    # activation, up, their product) exist together when the down projection runs.
+    running = _mlp_terms(acts) if acts.num_checkpointed else 0.0
+    moments = [{"activations": saved, "recomputed_activations": running,
+                "gathered_parameters": gathered}]
+    if step.scratch and step.fsdp:
+        scratch = step.c * step.groups.block_total
+        previous = saved - (acts.checkpoint_bytes if running else acts.layer_bytes)
+        moments.append({"activations": previous, "gathered_parameters": gathered,
+                        "collective_scratch": scratch})
+    return _worst(moments)
 
 
 def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> dict[str, float]:
-    """Worst of the loss's forward and its first backward kernels (module docstring)."""
-    c, head = step.c, step.groups.head
+    """Worst of the loss's forward, its first backward kernels, the cast of the logits'
+    gradient back to the compute dtype, and the head's pre-backward, which prefetches the
+    last block (its flat all-gather buffer; on CPU ranks with gloo's copy) before the
+    head's own backward (module docstring)."""
+    c, g = step.c, step.groups
     activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
-    upcast = c * tokens_vocab + (_F32 * tokens_vocab if c != _F32 else 0.0)
+    log_softmax = acts.model_terms.get("logits_fp32", 0.0)
     forward_gathered = _gathered_in_forward(step, at_head=True)
-    backward_gathered = forward_gathered - (step.c * head if step.fsdp else 0.0)
-    first_grads = 2 * _F32 * tokens_vocab
-    if upcast + forward_gathered >= first_grads + backward_gathered:
-        return {"activations": activations, "gathered_parameters": forward_gathered,
-                "loss_temporaries": upcast}
-    return {"activations": activations, "gathered_parameters": backward_gathered,
-            "loss_temporaries": first_grads}
+    gathered = forward_gathered - (c * g.head if step.fsdp else 0.0)
+    upcast = c * tokens_vocab + (_F32 * tokens_vocab if c != _F32 else 0.0)
+    moments = [
+        {"activations": activations, "gathered_parameters": forward_gathered,
+         "loss_temporaries": upcast},
+        {"activations": activations, "gathered_parameters": gathered,
+         "loss_temporaries": 2 * _F32 * tokens_vocab},
+        {"activations": activations - log_softmax, "gathered_parameters": gathered,
+         "loss_temporaries": upcast},
+    ]
+    if step.fsdp and not step.shard_grad_op:
+        # The group that finished its forward last: a block's dense part (its experts, a
+        # group of their own under expert parallelism, finished before it).
+        prefetch = {"activations": activations - log_softmax,
+                    "gathered_parameters": gathered + c * g.block,
+                    "loss_temporaries": c * tokens_vocab}
+        if step.scratch:
+            prefetch["collective_scratch"] = c * g.block
+        moments.append(prefetch)
+    return _worst(moments)
 
 
 def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
                     training: Training, acts: ActivationEstimate) -> dict[str, float]:
-    """Worst of the first block's backward start, end and reduce (module docstring)."""
+    """Worst of the first block's backward start, end and reduce (module docstring); on CPU
+    ranks gloo's all-gather and reduce-scatter each hold a copy of their full buffer."""
     g, c = step.groups, step.c
     saved = _block_activations(acts) + _model_terms(acts, before_blocks=True)
-    layer = acts.layer_bytes
     recompute = acts.recompute_working_bytes
     flowing = c * training.micro_batch * training.seq_len * model.hidden_size \
         / degrees.context_parallel_degree
     head_grads = (_PARAM_BYTES * g.head / degrees.hybrid_shard_degree) if step.gradients else 0.0
     if not step.fsdp:  # plain tensor parallelism: gradients in the parameters' own dtype
-        start = {"activations": saved, "recomputed_activations": recompute,
-                 "gradient_flow": flowing, "sharded_gradients": head_grads}
-        end = {"sharded_gradients": step.gradients}
-        return max(start, end, key=lambda terms: sum(terms.values()))
-    gathered = c * (g.root + 2 * g.block_total)
+        return _worst([{"activations": saved, "recomputed_activations": recompute,
+                        "gradient_flow": flowing, "sharded_gradients": head_grads},
+                       {"sharded_gradients": step.gradients}])
+    block = c * g.block_total
+    gathered = c * g.root + 2 * block
     if step.shard_grad_op:
         gathered = c * (g.root + g.embedding + g.num_blocks * g.block_total)
     head_reduce = REDUCE_BYTES * g.head
     block_reduce = REDUCE_BYTES * g.block_total
     # A checkpointed block's recomputed activations replace its own (freed as backward runs).
-    own = recompute if recompute else layer
+    rest = saved + recompute - (recompute or acts.layer_bytes)
     moments = [
         {"activations": saved, "recomputed_activations": recompute,
          "gathered_parameters": gathered, "reduce_scatter_buffers": head_reduce,
          "gradient_flow": flowing},
-        {"activations": saved + recompute - own, "gathered_parameters": gathered,
-         "unsharded_gradients": c * g.block_total, "reduce_scatter_buffers": head_reduce},
-        {"activations": saved + recompute - own,
-         "gathered_parameters": gathered - c * g.block_total,
-         "unsharded_gradients": c * g.block_total, "reduce_scatter_buffers": block_reduce},
+        {"activations": rest, "gathered_parameters": gathered, "unsharded_gradients": block,
+         "reduce_scatter_buffers": head_reduce},
+        {"activations": rest, "gathered_parameters": gathered - block,
+         "unsharded_gradients": block, "reduce_scatter_buffers": block_reduce},
     ]
-    worst = max(moments, key=lambda terms: sum(terms.values()))
-    return worst | {"sharded_gradients": head_grads}
+    if step.scratch:
+        moments[0]["collective_scratch"] = block
+        moments[2]["collective_scratch"] = block_reduce
+    return _worst(moments) | {"sharded_gradients": head_grads}
 
 
 def peak_phase(phases: list[PhaseMemory]) -> PhaseMemory:
