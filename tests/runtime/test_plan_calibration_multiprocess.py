@@ -38,7 +38,7 @@ from meshtrain.plan import (
     model_state_bytes,
     resolve_model,
 )
-from meshtrain.plan.phases import PHASES, phase_memory
+from meshtrain.plan.phases import PHASES, fsdp_groups, phase_memory
 
 pytestmark = pytest.mark.multiprocess
 
@@ -48,11 +48,11 @@ ACTIVATION_BOUND = 0.10
 COMM_BOUND = 0.01
 PHASE_BOUND = 0.10
 # Wider, and why: tensor parallelism without FSDP (tp 2 alone) keeps DTensor's collective
-# outputs and gloo's copies of them in flight, which the plan does not count (forward and
-# backward measured 10-37 % above it; with 2 ranks a late gloo copy can hit both, so the loss
-# and the step vary by up to 22 % and 12 % between runs); AdamW on the expert-parallel Mixtral
-# measured 23 % above the plan (its Shard(1) expert shards are strided views).
-_TP_ALONE = {"forward": 0.40, "loss": 0.25, "backward": 0.40, "optimizer_step": 0.15}
+# outputs and gloo's copies of them in flight, which the plan does not count (forward measured
+# up to 29 % above it, backward within 15 %; with 2 ranks a late gloo copy can hit both, so the
+# loss and the step vary by up to 22 % and 12 % between runs); AdamW on the expert-parallel
+# Mixtral measured 23 % above the plan (its Shard(1) expert shards are strided views).
+_TP_ALONE = {"forward": 0.35, "loss": 0.25, "backward": 0.20, "optimizer_step": 0.15}
 PHASE_BOUNDS: dict[str, dict[str, float]] = {
     "tp2": _TP_ALONE,
     "tp2_sp": _TP_ALONE,
@@ -252,13 +252,24 @@ def _lowest_rank(records: list[dict[str, Any]], phase: str) -> int:
     return min(record["phases"][phase] for record in records)
 
 
+def _late_gloo_copy(record: dict[str, Any]) -> int:
+    """One block's fp32 reduce-scatter buffer: the largest copy gloo may free late. With 2
+    ranks both can measure it (seen once in 4 runs: +180 kB on both ranks of a backward)."""
+    spec, degrees = _spec_and_degrees(record)
+    return 4 * fsdp_groups(spec, degrees).block_total
+
+
 def _check_phases(records: list[dict[str, Any]], phases: tuple[str, ...],
                   bounds: dict[str, float] | None = None) -> None:
+    """Each phase within its bound of the plan, on the rank that measured least; above the
+    plan by at most one late-freed gloo copy more."""
     planned = planned_phases_above_start(records[0])
+    late = _late_gloo_copy(records[0])
     for phase in phases:
         measured = _lowest_rank(records, phase)
         bound = (bounds or {}).get(phase, PHASE_BOUND)
-        assert abs(planned[phase] / measured - 1) < bound, (phase, measured, planned)
+        low, high = planned[phase] * (1 - bound), planned[phase] * (1 + bound)
+        assert low <= measured <= high + late, (phase, measured, planned)
 
 
 @pytest.mark.parametrize(("world", "case"),
@@ -278,4 +289,5 @@ def test_phase_peaks_with_and_without_checkpointing(run2, layout, seq_len, check
     records = select(run2, 2, case="activations", layout=layout, seq_len=seq_len,
                      checkpointing=checkpointing)
     _check_phases(records, PHASES[:3], PHASE_BOUNDS.get(layout))
+
 

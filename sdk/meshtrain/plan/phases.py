@@ -312,8 +312,15 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
         / degrees.context_parallel_degree
     head_grads = (_PARAM_BYTES * g.head / degrees.hybrid_shard_degree) if step.gradients else 0.0
     if not step.fsdp:  # plain tensor parallelism: gradients in the parameters' own dtype
+        # Mid-block: the MLP's weight gradients are written while its activations are still
+        # saved, and two [tokens, intermediate] gradients (of the SwiGLU product's factors)
+        # flow; the block's weights are mostly the MLP's.
+        tokens = training.micro_batch * training.seq_len / degrees.context_parallel_degree
+        intermediate = model.intermediate_size / degrees.tensor_parallel_degree
+        mlp_weights = min(g.block_total, 3 * model.hidden_size * intermediate)
         return _worst([{"activations": saved, "recomputed_activations": recompute,
-                        "gradient_flow": flowing, "sharded_gradients": head_grads},
+                        "gradient_flow": flowing + 2 * c * tokens * intermediate,
+                        "sharded_gradients": head_grads + _PARAM_BYTES * mlp_weights},
                        {"sharded_gradients": step.gradients}])
     block = c * g.block_total
     gathered = c * g.root + 2 * block

@@ -123,6 +123,7 @@ def plan_to_dict(
             "seq_len": training.seq_len, "micro_batch": training.micro_batch,
             "precision": training.precision, "optimizer": training.optimizer,
             "fused_optimizer": training.fused_optimizer,
+            "optimizer_offload": training.optimizer_offload,
             "compute_efficiency": training.compute_efficiency,
         },
         "model_state_bytes_per_gpu": plan.model_state_bytes_per_gpu,

@@ -82,6 +82,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
         "training": _object({
             "seq_len": _INT, "micro_batch": _INT, "precision": {"enum": ["bf16", "fp16", "fp32"]},
             "optimizer": {"type": "string"}, "fused_optimizer": {"type": "boolean"},
+            "optimizer_offload": {"type": "boolean"},
             "compute_efficiency": _NUM,
         }),
         "model_state_bytes_per_gpu": _object({
