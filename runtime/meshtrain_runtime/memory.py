@@ -163,7 +163,90 @@ def _cuda_device(device: torch.device | str | None) -> torch.device | None:
     return None
 
 
+_MARK_BYTES = 1_000_003
+"""Odd sizes of the marker allocations that split the profiler's memory events into phases
+(no tensor of the step has this many bytes plus a small index)."""
+
+
+class PhaseMemoryMeter:
+    """Peak bytes allocated above the start, phase by phase, while the meter is active.
+
+    Call :meth:`mark` at the end of each phase (e.g. "forward" from a hook on the output
+    head, "loss", "backward", "optimizer_step"); :attr:`peaks` maps each phase to the most
+    bytes that were allocated at once, counted from the ``with`` block's start (what existed
+    before, such as the sharded parameters and optimizer states, is the baseline 0).
+
+    On CUDA this is ``torch.cuda.max_memory_allocated`` reset at every mark. On CPU it is the
+    running sum of the memory events of ``torch.profiler.profile(profile_memory=True)``: each
+    mark allocates and frees a marker of an unusual size that splits the events into phases.
+    Memory freed during the block but allocated before it is not subtracted on CPU (the
+    profiler does not know its size), so free what the step would free before entering.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self._cuda = _cuda_device(device)
+        self._names: list[str] = []
+        self._cuda_peaks: dict[str, int] = {}
+        self._start = 0
+        self._profiler: Any = None
+        self.peaks: dict[str, int] = {}
+
+    def __enter__(self) -> PhaseMemoryMeter:
+        if self._cuda is not None:
+            torch.cuda.synchronize(self._cuda)
+            torch.cuda.reset_peak_memory_stats(self._cuda)
+            self._start = torch.cuda.memory_allocated(self._cuda)
+            return self
+        from torch.profiler import ProfilerActivity, profile  # only when measuring on CPU
+
+        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+        return self
+
+    def mark(self, name: str) -> None:
+        """End the current phase and name it `name`."""
+        if self._cuda is not None:
+            self._cuda_peaks[name] = torch.cuda.max_memory_allocated(self._cuda) - self._start
+            torch.cuda.reset_peak_memory_stats(self._cuda)
+        else:
+            marker = torch.empty(_MARK_BYTES + len(self._names), dtype=torch.uint8)
+            del marker
+        self._names.append(name)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._cuda is not None:
+            self.peaks = dict(self._cuda_peaks)
+            return
+        self._profiler.__exit__(exc_type, exc, traceback)
+        if exc_type is None:
+            self.peaks = self._cpu_peaks(self._profiler.profiler.kineto_results.events())
+
+    def _cpu_peaks(self, events: Iterable[Any]) -> dict[str, int]:
+        memory = sorted((e for e in events if e.name() == "[memory]"),
+                        key=lambda e: e.start_ns())
+        markers = {_MARK_BYTES + i: name for i, name in enumerate(self._names)}
+        peaks: dict[str, int] = {}
+        live = peak = 0
+        for event in memory:
+            nbytes = event.nbytes()
+            if nbytes in markers:  # a phase ends here (its free, -nbytes, is skipped too)
+                peaks[markers[nbytes]] = peak
+                peak = live
+                continue
+            if -nbytes in markers:
+                continue
+            live += nbytes
+            peak = max(peak, live)
+        return peaks
+
+
 __all__ = [
+    "PhaseMemoryMeter",
     "SavedActivationMeter",
     "SavedActivations",
     "StepMemory",

@@ -141,3 +141,69 @@ def test_model_state_bytes_match_one_process(kind):
     assert planned.parameters == measured["parameters"]
     assert planned.gradients == measured["gradients"]
     assert planned.optimizer_states == measured["optimizer_states"]
+
+
+def test_phase_meter_counts_allocations_above_the_start():
+    """The runtime's PhaseMemoryMeter on CPU: a known sequence of allocations, exact peaks
+    (what existed before the block is the baseline; each phase starts at the level the last
+    one left)."""
+    from meshtrain_runtime.memory import PhaseMemoryMeter
+
+    before = torch.ones(10_000)
+    meter = PhaseMemoryMeter()
+    with meter:
+        first = torch.ones(1000)   # 4,000 B
+        second = torch.ones(500)   # 2,000 B
+        meter.mark("one")
+        del first
+        third = torch.ones(250)    # 1,000 B: live 3,000; the phase began at 6,000
+        meter.mark("two")
+        del second, third
+        fourth = torch.ones(2000)  # 8,000 B from 0
+        meter.mark("three")
+    assert meter.peaks == {"one": 6000, "two": 6000, "three": 8000}
+    assert before.numel() == 10_000 and fourth.numel() == 2000
+
+
+def test_one_process_phases_of_a_tiny_llama():
+    """One process, fp32, no FSDP: the phases of a second AdamW step of a tiny Llama against
+    the plan for one CPU rank (tensor parallelism 1 x shard 1 without FSDP is a plain model:
+    no gathered buffers; AdamW's per-tensor loop)."""
+    from meshtrain.plan.phases import phase_memory
+    from meshtrain_runtime.memory import PhaseMemoryMeter
+
+    config, cls = _llama()
+    torch.manual_seed(0)
+    model = cls(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, config.vocab_size, (2, 64))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    meter = PhaseMemoryMeter()
+    head = model.get_output_embeddings()
+    head.register_forward_pre_hook(lambda module, args: meter.mark("forward"))
+
+    def head_output(module, args, out) -> None:  # returns None: the output stays as it is
+        out.register_hook(lambda grad: meter.mark("loss"))
+
+    head.register_forward_hook(head_output)
+    with meter:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        meter.mark("backward")
+        del loss
+        optimizer.step()
+        meter.mark("optimizer_step")
+    spec = resolve_model(config.to_dict())
+    degrees = resolve_degrees(SMPParameters(), 1)
+    acts = activation_bytes(spec, seq_len=64, micro_batch=2, precision="fp32")
+    phases = phase_memory(spec, degrees, Training(seq_len=64, micro_batch=2, precision="fp32"),
+                          acts, uses_fsdp=False, on_gpu=False)
+    for phase in phases:
+        planned = phase.total - phase.terms["sharded_parameters"] - phase.terms[
+            "optimizer_states"]
+        measured = meter.peaks[phase.name]
+        # measured / planned: forward 1,359,360 / 1,261,568, loss 1,554,952 / 1,556,996,
+        # backward 1,530,120 / 1,613,824, optimizer step 533,772 / 492,800
+        assert abs(planned / measured - 1) < 0.10, (phase.name, measured, phase.terms)

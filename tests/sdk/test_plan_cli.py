@@ -89,3 +89,73 @@ def test_dimensions_and_config_json(capsys, tmp_path):
 def test_bad_arguments_exit_2(argv, needle, capsys):
     assert plan_main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_json_has_phases_by_schema_version_2(capsys):
+    _, out = run(["--model", "llama2-7b", "--gpus", "8", "--json", "--top", "1"], capsys)
+    data = json.loads(out)
+    jsonschema.validate(data, PLAN_JSON_SCHEMA)
+    assert data["schema_version"] == 2
+    memory = data["recommendation"]["memory_bytes"]
+    phases = memory["phases"]
+    assert list(phases) == ["forward", "loss", "backward", "optimizer_step"]
+    assert memory["peak"] == max(phase["total"] for phase in phases.values())
+    assert memory["peak"] == phases[memory["peak_phase"]]["total"]
+    for phase in phases.values():  # a phase's total is its terms' sum (each rounded up)
+        assert abs(phase["total"] - sum(phase["terms"].values())) <= len(phase["terms"])
+
+
+def test_help_says_when_it_exits_non_zero(capsys):
+    with pytest.raises(SystemExit):
+        plan_main(["--help"])
+    text = capsys.readouterr().out
+    assert "0 once the plan is printed, whether or not a layout fits" in text
+    assert "with --strict, 1 when no layout fits" in text and "2 for a bad argument" in text
+
+
+def test_table_fits_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out = run(["--model", "llama2-13b", "--instance-type", "ml.p4d.24xlarge",
+                     "--instance-count", "2", "--top", "5"], capsys)
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80
+    header = next(line for line in out.splitlines() if "layout" in line)
+    assert "peak GiB" in header and "fits" in header and "phase" in header
+    assert "comm GB/step" not in header  # dropped first at 80 columns
+    monkeypatch.setenv("COLUMNS", "140")
+    _, wide = run(["--model", "llama2-13b", "--instance-type", "ml.p4d.24xlarge",
+                   "--instance-count", "2", "--top", "5"], capsys)
+    assert "comm GB/step" in wide and "activations" in wide
+
+
+def test_local_instance_plans_cpu_ranks(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out = run(["--model", "llama2-7b", "--instance-type", "local",
+                     "--processes-per-host", "4", "--top", "2"], capsys)
+    assert code == 0
+    assert "per GPU" not in out and "GPUs" not in out
+    assert "CPU ranks" in out and "per CPU rank" in out
+
+
+def test_plot_writes_a_stacked_bar_chart(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "phases.png"
+    code, _ = run(["--model", "llama2-7b", "--gpus", "8", "--top", "1", "--plot",
+                   str(target)], capsys)
+    assert code == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plan_main(["--model", "llama2-7b", "--gpus", "8", "--plot",
+                      str(tmp_path / "x.txt")]) == 2
+    assert "use a .png, .svg or .pdf" in capsys.readouterr().err
+
+
+def test_largest_layer_and_optimizer_offload_flags(capsys):
+    base = ["--model", "llama2-7b", "--gpus", "8", "--json", "--top", "1"]
+    _, out = run(base, capsys)
+    plain = json.loads(out)["recommendation"]["memory_bytes"]["phases"]
+    _, out = run([*base, "--largest-layer-params", "4e8", "--optimizer-offload"], capsys)
+    data = json.loads(out)
+    changed = data["recommendation"]["memory_bytes"]["phases"]
+    assert changed["optimizer_step"]["terms"]["optimizer_states"] == 0
+    assert changed["forward"]["terms"]["gathered_parameters"] > plain["forward"]["terms"][
+        "gathered_parameters"]

@@ -5,8 +5,8 @@ Examples::
     meshtrain plan --num-params 7e9 --gpus 8 --json
     meshtrain plan --model llama2-70b --instance-type ml.p4d.24xlarge --instance-count 4
 
-Exit status: 0 when some layout fits (or fit cannot be judged: no GPU memory given), 1 when
-none fits, 2 for a bad argument (a ConfigError, printed on stderr).
+Exit status: 0 once the plan is printed, whether or not a layout fits (the plan says so);
+with --strict, 1 when no layout fits; 2 for a bad argument (printed on stderr).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _DIMENSIONS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `plan` subcommand to an argparse subparsers object; its handler is `run_plan`."""
     parser = subparsers.add_parser(
-        "plan", help="estimate memory and communication per GPU and rank layouts",
+        "plan", help="estimate memory (by phase) and communication per rank and rank layouts",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     parser.set_defaults(handler=run_plan)
@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--num-params", type=float, help="only the parameter count, e.g. 7e9")
     for name in (*_DIMENSIONS, "num_kv_heads", "vocab_size", "num_experts", "experts_per_token"):
         model.add_argument(f"--{name.replace('_', '-')}", type=int)
+    model.add_argument("--largest-layer-params", type=float,
+                       help="parameters of the largest block, e.g. 2.1e8 (sizes FSDP's "
+                            "gathered buffers; default: from the shape)")
     run = parser.add_argument_group("training")
     run.add_argument("--seq-len", type=int, default=4096)
     run.add_argument("--micro-batch", type=int, default=1, help="sequences per data-parallel rank")
@@ -52,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--optimizer", choices=tuple(OPTIMIZER_STATE_BYTES), default="adamw")
     run.add_argument("--fused-optimizer", action="store_true",
                      help="torch's fused Adam: no step buffer")
+    run.add_argument("--optimizer-offload", action="store_true",
+                     help="optimizer states and step in host memory (a script's own offloaded "
+                          "optimizer; FSDP's cpu_offload also moves parameters and gradients)")
     run.add_argument("--convention", choices=("zero", "smp"), default="zero",
                      help="bytes per parameter: zero=16 (default), smp=20 (with Adam)")
     run.add_argument("--compute-efficiency", type=float, default=0.4,
@@ -69,13 +75,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, help="candidates to show (0: all)")
     out.add_argument("--json", action="store_true", help="machine-readable output")
+    out.add_argument("--plot", metavar="FILE",
+                     help="write the recommended layout's memory by phase as a stacked bar "
+                          "chart (.png/.svg/.pdf; needs the 'plot' extra: matplotlib)")
     out.add_argument("--strict", action="store_true",
                      help="exit with status 1 when no layout fits (default: 0 once the plan is "
                           "printed; the plan itself says whether anything fits)")
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    """--model, --num-params or explicit dimensions (exactly one of them) -> ModelSpec."""
+    """--model, --num-params or explicit dimensions (exactly one of them) -> ModelSpec, with
+    --largest-layer-params when given."""
+    model = _model_shape(args)
+    largest = getattr(args, "largest_layer_params", None)
+    if largest is None:
+        return model
+    if largest < 1:
+        raise ConfigError(f"--largest-layer-params {largest:g} must be at least 1.")
+    return model.model_copy(update={"largest_layer_params": int(largest)})
+
+
+def _model_shape(args: argparse.Namespace) -> ModelSpec:
     given = [args.model is not None, args.num_params is not None,
              any(getattr(args, name) is not None for name in _DIMENSIONS)]
     if sum(given) != 1:
@@ -124,7 +144,8 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
     training = Training(seq_len=args.seq_len, micro_batch=args.micro_batch,
                         precision=args.precision, optimizer=args.optimizer,
                         convention=args.convention, compute_efficiency=args.compute_efficiency,
-                        fused_optimizer=args.fused_optimizer)
+                        fused_optimizer=args.fused_optimizer,
+                        optimizer_offload=args.optimizer_offload)
     cluster, build = cluster_from_args(args)
     return plan_layouts(model, cluster, training), build
 
@@ -134,6 +155,8 @@ def run_plan(args: argparse.Namespace) -> int:
     plan, build = build_plan(args)
     top = None if args.top == 0 else args.top
     best = plan.best
+    if args.plot is not None:
+        _plot(plan, args.plot)
     bigger = None
     if best is None:  # nothing fits: how many hosts of this kind would do
         bigger = smallest_fitting_count(plan.model, plan.training, build,
@@ -150,6 +173,17 @@ def run_plan(args: argparse.Namespace) -> int:
             console.print(f"With {count} nodes of this kind, {short_layout(bigger_plan.best)} "
                           f"fits: {bigger_plan.best.describe()}.")  # type: ignore[union-attr]
     return 1 if best is None and args.strict else 0
+
+
+def _plot(plan: Plan, path: str) -> None:
+    from meshtrain.plan.plot import plot_phases  # matplotlib only when asked for
+
+    shown = plan.best or (plan.candidates[0] if plan.candidates else None)
+    if shown is None:
+        raise ConfigError("--plot: no candidate layout to plot for this cluster.")
+    plot_phases(shown, path, title=f"{plan.model.name}: {short_layout(shown)}",
+                capacity_bytes=plan.cluster.capacity_bytes, unit=plan.cluster.rank_unit)
+    print(f"memory by phase written to {path}", file=sys.stderr)
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:

@@ -49,8 +49,15 @@ class Cluster:
         return self.gpu_memory_bytes - self.reserve_bytes
 
     @property
+    def rank_unit(self) -> str:
+        """What one rank runs on: "GPU", or "CPU rank" for hosts without GPUs ("local")."""
+        return "GPU" if self.gpu_memory_bytes > 0 or self.peak_flops > 0 else "CPU rank"
+
+    @property
     def description(self) -> str:
         what = self.instance_type or f"{self.gpu_memory_bytes / GIB:.0f} GiB GPUs"
+        if self.rank_unit != "GPU":
+            what += ", CPU ranks"
         return (f"{self.num_nodes} x {what} ({self.ranks_per_node} ranks per host, world size "
                 f"{self.world_size})")
 

@@ -37,13 +37,13 @@ from meshtrain.plan.comm import (
 )
 from meshtrain.plan.memory import (
     MemoryEstimate,
+    ModelStateBytes,
     Training,
     model_state_bytes,
-    optimizer_step_bytes,
-    temporary_bytes,
     zero_stage_bytes,
 )
 from meshtrain.plan.models import ModelSpec
+from meshtrain.plan.phases import RESIDENT_TERMS, Offload, PhaseMemory, phase_memory
 
 LAYOUT_KEYS = ("hybrid_shard_degree", "tensor_parallel_degree", "expert_parallel_degree",
                "context_parallel_degree", "sharding_strategy", "sequence_parallel",
@@ -105,14 +105,7 @@ def estimate_layout(
         offload=parameters.activation_offloading,
         loading_horizon=parameters.activation_loading_horizon,
     )
-    memory = MemoryEstimate(
-        states=model_state_bytes(model, degrees, training, cpu_offload=parameters.cpu_offload),
-        activations=acts.total_bytes,
-        temporary=temporary_bytes(model, degrees, training, acts),
-        optimizer_step=0 if parameters.cpu_offload else optimizer_step_bytes(model, degrees,
-                                                                            training),
-        reserve=cluster.reserve_bytes,
-    )
+    memory = _memory(model, parameters, degrees, training, acts, cluster)
     recompute_fraction = acts.num_checkpointed / model.num_layers
     volumes = communication_volumes(
         model, degrees, training, recompute=recompute_fraction,
@@ -122,6 +115,27 @@ def estimate_layout(
     return LayoutEstimate(parameters, degrees, memory, acts, volumes,
                           step_time(volumes, flops, degrees, cluster, training),
                           cluster.capacity_bytes)
+
+
+def _memory(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegrees,
+            training: Training, acts: ActivationEstimate, cluster: Cluster) -> MemoryEstimate:
+    offload: Offload = "cpu_offload" if parameters.cpu_offload else (
+        "optimizer" if training.optimizer_offload else "none")
+    # The runtime skips FSDP only for tensor parallelism alone without an FSDP policy.
+    uses_fsdp = (degrees.tensor_parallel_degree == 1 or degrees.data_parallel_degree > 1
+                 or training.mixed or parameters.cpu_offload)
+    phases = phase_memory(model, degrees, training, acts, offload=offload, uses_fsdp=uses_fsdp,
+                          loss_parallel=parameters.loss_parallel,
+                          on_gpu=cluster.rank_unit == "GPU")
+    states = model_state_bytes(model, degrees, training, cpu_offload=parameters.cpu_offload)
+    if offload == "optimizer":
+        states = ModelStateBytes(states.parameters, states.gradients, 0)
+    peak = max(phases, key=lambda phase: phase.total)
+    temporary = {k: v for k, v in peak.terms.items() if k not in RESIDENT_TERMS}
+    step_buffer = phases[-1].terms["optimizer_step_buffer"]
+    return MemoryEstimate(states=states, activations=acts.total_bytes, temporary=temporary,
+                          optimizer_step=step_buffer, reserve=cluster.reserve_bytes,
+                          phases=tuple(phases))
 
 
 def _with_precision(training: Training, parameters: SMPParameters) -> Training:
@@ -230,7 +244,9 @@ def reasoning(estimate: LayoutEstimate, plan: Plan) -> str:
     capacity = estimate.capacity_bytes
     peak = estimate.memory.peak_bytes / GIB
     if capacity is None:
-        fit = f"needs {peak:.1f} GiB per GPU (no GPU memory to compare with)"
+        unit = plan.cluster.rank_unit
+        fit = (f"needs {peak:.1f} GiB per {unit}" + (" (no GPU memory to compare with)"
+                                                      if unit == "GPU" else ""))
     elif estimate.fits:
         fit = f"fits: {peak:.1f} of {capacity / GIB:.1f} GiB usable per GPU"
     else:
@@ -245,11 +261,27 @@ def reasoning(estimate: LayoutEstimate, plan: Plan) -> str:
 
 
 def _biggest_part(estimate: LayoutEstimate) -> str:
-    memory = estimate.memory
-    parts = {"model states": memory.states.total, "activations": memory.activations,
-             "temporary buffers": memory.temporary_bytes}
-    name = max(parts, key=parts.get)
-    return f"largest part: {name} {parts[name] / GIB:.1f} GiB"
+    """The peak phase and the term that tips it over the capacity (or its largest term)."""
+    phase = estimate.memory.peak_phase
+    term = tipping_term(phase, estimate.capacity_bytes)
+    what = "tips it" if estimate.fits is False and term != phase.largest_term else "largest"
+    if estimate.fits is False:
+        return (f"peak in the {phase.name.replace('_', ' ')} phase; {term.replace('_', ' ')} "
+                f"{phase.terms[term] / GIB:.1f} GiB {what}")
+    return (f"peak in the {phase.name.replace('_', ' ')} phase (largest part: "
+            f"{term.replace('_', ' ')} {phase.terms[term] / GIB:.1f} GiB)")
+
+
+def tipping_term(phase: PhaseMemory, capacity: int | None) -> str:
+    """The term of `phase` without which it would fit in `capacity` (the smallest such term:
+    the one that tips it; on a tie a buffer rather than a model state or activations), else
+    its largest term."""
+    if capacity is None or phase.total <= capacity:
+        return phase.largest_term
+    enough = [k for k, v in phase.terms.items() if phase.total - v <= capacity]
+    if not enough:
+        return phase.largest_term
+    return min(enough, key=lambda k: (phase.terms[k], k in RESIDENT_TERMS))
 
 
 __all__ = [
@@ -261,4 +293,5 @@ __all__ = [
     "rank_key",
     "reasoning",
     "smallest_fitting_count",
+    "tipping_term",
 ]

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.errors import ConfigError
-from meshtrain.plan.activations import ACT_BYTES, ActivationEstimate
+from meshtrain.plan.activations import ACT_BYTES
 from meshtrain.plan.models import ModelSpec, ParamGroup, param_groups
 
 Convention = Literal["zero", "smp"]
@@ -55,6 +55,9 @@ class Training:
     """Fraction of the GPU's peak FLOP/s the matmuls reach (used to rank layouts only)."""
     fused_optimizer: bool = False
     """torch's fused Adam (`fused=True`) needs no step buffer; the default foreach one does."""
+    optimizer_offload: bool = False
+    """The optimizer's states and step live in host memory (a script's own offloaded
+    optimizer; FSDP2's `cpu_offload` moves parameters and gradients too)."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1 or self.micro_batch < 1:
@@ -191,62 +194,37 @@ def zero_stage_bytes(model: ModelSpec, data_parallel_degree: int, training: Trai
     }
 
 
-def unit_elements(model: ModelSpec, degrees: ResolvedDegrees) -> dict[str, float]:
-    """Unsharded (gathered) elements per FSDP unit on one rank: one layer, embedding, head."""
-    tp, ep = degrees.tensor_parallel_degree, degrees.expert_parallel_degree
-    units: dict[str, float] = {"layer": 0.0, "embedding": 0.0, "head": 0.0, "root": 0.0}
-    for group in param_groups(model):
-        numel = math.prod(local_shape(group, tp, ep)) * group.count
-        units[group.unit] += numel / model.num_layers if group.unit == "layer" else numel
-    return units
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-GPU bytes of one layout; `peak_bytes` excludes the reserve."""
+    """Per-GPU bytes of one layout; `peak_bytes` (the largest phase) excludes the reserve.
+
+    `phases` (meshtrain.plan.phases.PhaseMemory: forward, loss, backward, optimizer_step) say
+    what is live when; `states`, `activations`, `temporary` and `optimizer_step` are the
+    summary the table and `--json` have always shown: the model states (the convention's
+    split), the activations saved at the end of forward, the peak phase's buffers besides
+    states and activations, and the optimizer's step buffer.
+    """
 
     states: ModelStateBytes
     activations: float
     temporary: dict[str, float] = field(default_factory=dict)
     optimizer_step: float = 0.0
     reserve: int = 0
+    phases: tuple[Any, ...] = ()
 
     @property
     def temporary_bytes(self) -> float:
         return sum(self.temporary.values())
 
     @property
+    def peak_phase(self) -> Any:
+        """The phase with the most bytes."""
+        return max(self.phases, key=lambda phase: phase.total)
+
+    @property
     def peak_bytes(self) -> float:
-        """Model states plus the larger of backward's and the optimizer step's extras."""
-        extras = max(self.activations + self.temporary_bytes, self.optimizer_step)
-        return self.states.total + extras
-
-
-def temporary_bytes(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, activations: ActivationEstimate
-) -> dict[str, float]:
-    """Buffers alive during backward besides the stored activations.
-
-    - gathered parameters in the compute dtype: two layer units (the current one and the
-      prefetched next) plus the output head (never resharded after forward) when units
-      reshard after forward; every unit when they do not (shard_grad_op, no_shard);
-    - unsharded gradients: the compute-dtype gradients of the unit in backward, and the fp32
-      reduce-scatter input of the unit before it (still in flight);
-    - a recomputed layer's activations when activation checkpointing is on.
-    """
-    units = unit_elements(model, degrees)
-    c = training.compute_bytes
-    biggest = max(units["layer"], units["embedding"])
-    if degrees.reshard_after_forward:
-        gathered = 2 * biggest + units["head"] + units["root"]
-    else:
-        gathered = units["layer"] * model.num_layers + units["embedding"] + units["head"] \
-            + units["root"]
-    return {
-        "gathered_parameters": gathered * c,
-        "unsharded_gradients": max(biggest, units["head"]) * (c + REDUCE_BYTES),
-        "recompute": activations.recompute_working_bytes,
-    }
+        """The largest phase's bytes on the GPU."""
+        return self.peak_phase.total
 
 
 def optimizer_step_bytes(model: ModelSpec, degrees: ResolvedDegrees, training: Training) -> int:
@@ -273,7 +251,5 @@ __all__ = [
     "local_shape",
     "model_state_bytes",
     "optimizer_step_bytes",
-    "temporary_bytes",
-    "unit_elements",
     "zero_stage_bytes",
 ]

@@ -52,6 +52,9 @@ class ModelSpec(BaseModel):
     attention: Literal["sdpa", "eager"] = "sdpa"
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    largest_layer_params: int | None = None
+    """Parameters of the largest block, when blocks differ or only a count is known: it sizes
+    the unsharded buffers FSDP gathers per block (default: the shape's block)."""
     declared_num_params: int | None = None
     """Set when only the parameter count is known: the shape above is synthesized."""
     source: str = "dimensions"

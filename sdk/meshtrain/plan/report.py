@@ -9,9 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from meshtrain.plan.cluster import GIB
-from meshtrain.plan.layouts import LayoutEstimate, Plan, reasoning
+from meshtrain.plan.layouts import LayoutEstimate, Plan, reasoning, tipping_term
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: `memory_bytes.phases` and `memory_bytes.peak_phase` added (1 had the same other fields)."""
 _STRATEGY_NAMES = {"full_shard": "zero3", "hybrid_shard": "zero3 (hybrid)",
                    "shard_grad_op": "zero2", "_hybrid_shard_zero2": "zero2 (hybrid)",
                    "no_shard": "ddp"}
@@ -70,6 +71,10 @@ def _memory_dict(estimate: LayoutEstimate) -> dict[str, Any]:
         "optimizer_step_buffers": memory.optimizer_step, "peak": _int(memory.peak_bytes),
         "reserve": memory.reserve, "capacity": estimate.capacity_bytes,
         "headroom": _int(estimate.headroom_bytes),
+        "peak_phase": memory.peak_phase.name,
+        "phases": {phase.name: {"total": _int(phase.total),
+                                "terms": {k: _int(v) for k, v in phase.terms.items()}}
+                   for phase in memory.phases},
     }
 
 
@@ -118,6 +123,7 @@ def plan_to_dict(
             "seq_len": training.seq_len, "micro_batch": training.micro_batch,
             "precision": training.precision, "optimizer": training.optimizer,
             "fused_optimizer": training.fused_optimizer,
+            "optimizer_offload": training.optimizer_offload,
             "compute_efficiency": training.compute_efficiency,
         },
         "model_state_bytes_per_gpu": plan.model_state_bytes_per_gpu,
@@ -153,29 +159,71 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.1f}"
 
 
-def build_table(plan: Plan, *, top: int = 10) -> Table:
-    """The ranked candidates as a rich table (GiB per GPU, GB sent per GPU per step)."""
+# (header, justify, priority): with less room the higher priorities are dropped first.
+_COLUMNS = (("#", "right", 0), ("layout", "left", 0), ("peak GiB", "right", 0),
+            ("fits", "center", 0), ("phase", "left", 1), ("tokens/s", "right", 1),
+            ("states", "right", 2), ("activations", "right", 2), ("temp", "right", 3),
+            ("comm GB/step", "right", 3))
+_WIDE = 120
+_MEDIUM = 100
+
+
+def _row(rank: int, estimate: LayoutEstimate) -> dict[str, str]:
+    memory = estimate.memory
+    return {
+        "#": str(rank), "layout": short_layout(estimate), "peak GiB": _gib(memory.peak_bytes),
+        "fits": {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[estimate.fits],
+        "phase": memory.peak_phase.name.replace("optimizer_step", "step"),
+        "tokens/s": f"{estimate.time.tokens_per_s:,.0f}", "states": _gib(memory.states.total),
+        "activations": _gib(memory.activations), "temp": _gib(memory.temporary_bytes),
+        "comm GB/step": f"{estimate.comm.total / 1e9:.1f}",
+    }
+
+
+def build_table(plan: Plan, *, top: int = 10, width: int = _WIDE) -> Table:
+    """The ranked candidates as a rich table (GiB per rank, GB sent per rank per step).
+
+    Columns are dropped by priority to fit `width` (the terminal's): at 80 columns the rank,
+    layout, peak, fit, peak phase and tokens/s remain; the layout column folds.
+    """
+    limit = 3 if width >= _WIDE else 2 if width >= _MEDIUM else 1
+    columns = [column for column in _COLUMNS if column[2] <= limit]
     table = Table(title=f"{plan.model.name} on {plan.cluster.description}", show_lines=False)
-    for name, justify in (("#", "right"), ("layout", "left"), ("states", "right"),
-                          ("activations", "right"), ("temp", "right"), ("peak GiB", "right"),
-                          ("fits", "center"), ("comm GB/step", "right"), ("tokens/s", "right")):
-        table.add_column(name, justify=justify)
+    for name, justify, _ in columns:
+        table.add_column(name, justify=justify,  # type: ignore[arg-type]
+                         overflow="fold" if name == "layout" else "ellipsis")
     for rank, estimate in enumerate(plan.candidates[:top], start=1):
-        memory = estimate.memory
-        fits = {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[estimate.fits]
-        table.add_row(str(rank), short_layout(estimate), _gib(memory.states.total),
-                      _gib(memory.activations), _gib(memory.temporary_bytes),
-                      _gib(memory.peak_bytes), fits, f"{estimate.comm.total / 1e9:.1f}",
-                      f"{estimate.time.tokens_per_s:,.0f}")
+        row = _row(rank, estimate)
+        table.add_row(*(row[name] for name, _, _ in columns))
+    return table
+
+
+def phase_table(estimate: LayoutEstimate, unit: str = "GPU") -> Table:
+    """One layout's phases (columns) by term (rows), GiB per rank; the peak phase marked."""
+    memory = estimate.memory
+    peak = memory.peak_phase.name
+    table = Table(title=f"Memory per {unit} by phase (GiB): {short_layout(estimate)}")
+    table.add_column("term")
+    for phase in memory.phases:
+        label = phase.name.replace("optimizer_step", "step")
+        table.add_column(f"[bold]{label}*[/]" if phase.name == peak else label, justify="right")
+    terms = list(dict.fromkeys(term for phase in memory.phases for term in phase.terms))
+    for term in terms:
+        values = [phase.terms.get(term) for phase in memory.phases]
+        if not any(values):
+            continue
+        table.add_row(term.replace("_", " "), *("" if v is None else _gib(v) for v in values))
+    table.add_row("[bold]total[/]", *(f"[bold]{_gib(p.total)}[/]" for p in memory.phases))
     return table
 
 
 def render_plan(plan: Plan, console: Console, *, top: int = 10) -> None:
     """Print the table, the ZeRO-stage model states and the recommendation with its reasons."""
-    console.print(build_table(plan, top=top))
+    console.print(build_table(plan, top=top, width=console.width))
     stages = plan.model_state_bytes_per_gpu
     console.print(
-        f"Model states per GPU over {stages['data_parallel_degree']} data-parallel GPUs "
+        f"Model states per {plan.cluster.rank_unit} over {stages['data_parallel_degree']} "
+        f"data-parallel ranks "
         f"({plan.training.convention} convention): " + ", ".join(
             f"{name} {_gib(stages[name])} GiB" for name in ("ddp", "zero1", "zero2", "zero3")))
     best = plan.best
@@ -185,24 +233,51 @@ def render_plan(plan: Plan, console: Console, *, top: int = 10) -> None:
         return
     console.print(f"[bold]Recommended:[/] {best.describe()}")
     console.print(f"  Why: it {reasoning(best, plan)}")
+    console.print(phase_table(best, plan.cluster.rank_unit))
 
 
 def memory_text(estimate: LayoutEstimate) -> str:
-    """Plain-text memory breakdown of one layout (for error messages)."""
+    """Plain-text memory breakdown of one layout (for error messages): the phases, the peak
+    phase's terms and the one that tips it over the GPU's capacity."""
     memory = estimate.memory
+    phase = memory.peak_phase
+    capacity = estimate.capacity_bytes
+    term = tipping_term(phase, capacity)
+    label = phase.name.replace("_", " ")
     lines = [
-        f"  parameters {_gib(memory.states.parameters)} GiB, gradients "
+        f"  model states: parameters {_gib(memory.states.parameters)} GiB, gradients "
         f"{_gib(memory.states.gradients)} GiB, optimizer states "
         f"{_gib(memory.states.optimizer_states)} GiB",
-        f"  activations {_gib(memory.activations)} GiB, temporary buffers "
-        f"{_gib(memory.temporary_bytes)} GiB, optimizer step buffers "
-        f"{_gib(memory.optimizer_step)} GiB",
+        "  by phase: " + ", ".join(f"{p.name.replace('_', ' ')} {_gib(p.total)} GiB"
+                                   for p in memory.phases),
+        f"  peak in the {label} phase: " + ", ".join(
+            f"{k.replace('_', ' ')} {_gib(v)}" for k, v in phase.terms.items() if v) + " GiB",
         f"  peak {_gib(memory.peak_bytes)} GiB per GPU"
-        + ("" if estimate.capacity_bytes is None else
-           f" vs {_gib(estimate.capacity_bytes)} GiB usable "
-           f"(GPU memory minus a {_gib(memory.reserve)} GiB reserve)"),
+        + ("" if capacity is None else
+           f" vs {_gib(capacity)} GiB usable (GPU memory minus a {_gib(memory.reserve)} GiB "
+           "reserve)"),
     ]
+    if capacity is not None and phase.total > capacity:
+        lines.append(f"  what tips it: {term.replace('_', ' ')} ({_gib(phase.terms[term])} GiB "
+                     f"in the {label} phase)" + _remedy(term))
     return "\n".join(lines)
+
+
+_REMEDIES = {
+    "activations": "; activation checkpointing, a shorter sequence or a smaller micro-batch "
+                   "reduce it",
+    "loss_temporaries": "; fp32 logits of tokens x vocabulary: a shorter sequence, a smaller "
+                        "micro-batch or tensor parallelism with loss_parallel reduce them",
+    "optimizer_step_buffer": "; torch.optim.AdamW(..., fused=True) needs none",
+    "optimizer_states": "; more sharding (a larger hybrid_shard_degree) or cpu_offload reduce them",
+    "sharded_parameters": "; more sharding or cpu_offload reduce them",
+    "gathered_parameters": "; the default sharding strategy (not shard_grad_op) or tensor "
+                           "parallelism reduce them",
+}
+
+
+def _remedy(term: str) -> str:
+    return _REMEDIES.get(term, "")
 
 
 __all__ = [
@@ -211,6 +286,7 @@ __all__ = [
     "distribution_for",
     "estimate_to_dict",
     "memory_text",
+    "phase_table",
     "plan_to_dict",
     "render_plan",
     "short_layout",

@@ -1,4 +1,5 @@
-"""JSON Schema (draft 2020-12) of `meshtrain plan --json` output, schema_version 1.
+"""JSON Schema (draft 2020-12) of `meshtrain plan --json` output, schema_version 2 (2 added
+`memory_bytes.phases` and `memory_bytes.peak_phase`; every field of 1 keeps its meaning).
 
 All byte counts are per GPU (per rank) and integers; communication bytes are what one GPU
 sends per optimizer step. docs/planner.md describes every field.
@@ -7,6 +8,8 @@ sends per optimizer step. docs/planner.md describes every field.
 from __future__ import annotations
 
 from typing import Any
+
+from meshtrain.plan.phases import PHASES
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -38,6 +41,9 @@ _CANDIDATE = _object({
         "model_states": _BYTES, "activations": _BYTES, "temporary_buffers": _BYTES,
         "temporary_breakdown": _bytes_map(), "optimizer_step_buffers": _BYTES, "peak": _BYTES,
         "reserve": _BYTES, "capacity": _OPT_BYTES, "headroom": _OPT_BYTES,
+        "peak_phase": {"enum": list(PHASES)},
+        "phases": _object({name: _object({"total": _BYTES, "terms": _bytes_map()})
+                           for name in PHASES}),
     }),
     "activations": _object({
         "per_layer": _BYTES, "per_layer_breakdown": _bytes_map(),
@@ -58,7 +64,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "meshtrain plan --json",
     **_object({
-        "schema_version": {"const": 1},
+        "schema_version": {"const": 2},
         "convention": {"enum": ["zero", "smp"]},
         "model": _object({
             "name": {"type": "string"}, "source": {"type": "string"},
@@ -76,6 +82,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
         "training": _object({
             "seq_len": _INT, "micro_batch": _INT, "precision": {"enum": ["bf16", "fp16", "fp32"]},
             "optimizer": {"type": "string"}, "fused_optimizer": {"type": "boolean"},
+            "optimizer_offload": {"type": "boolean"},
             "compute_efficiency": _NUM,
         }),
         "model_state_bytes_per_gpu": _object({

@@ -21,6 +21,7 @@ from calib_support import (
     collectives_of,
     config_record,
     llama_config,
+    phase_peaks,
 )
 from report import report
 from torch.distributed.tensor.parallel import loss_parallel
@@ -59,6 +60,10 @@ def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bo
 
     collectives = collectives_of(step)
     loss = losses[0]
+    # A second forward and backward phase by phase (no optimizer: parameters are the baseline).
+    del losses[:]
+    model.zero_grad(set_to_none=True)
+    phases = {} if lp else phase_peaks(model, ids)
     report({
         "case": "activations",
         "layout": layout,
@@ -72,6 +77,7 @@ def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bo
         "saved_tensors": meter.result.num_tensors,
         "loss": float(loss.full_tensor() if lp else loss.detach()),
         "collectives": collectives,
+        "phases": phases,
     })
     mr.reset()
 

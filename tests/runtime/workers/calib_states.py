@@ -22,6 +22,7 @@ from calib_support import (
     llama_config,
     mixtral_config,
     model_state_bytes,
+    phase_peaks,
 )
 from report import report
 
@@ -73,6 +74,12 @@ def run_case(case: str, params: dict[str, Any], make_config: Callable[[], Any]) 
     # router's choices rather than the planner's uniform routing: EP's collectives go uncounted.
     count = mr.state.expert_parallel_degree == 1
     optimizer, collectives = one_step(model, mr.state.dp_rank, count=count)
+    measured = model_state_bytes(model, optimizer)
+    # A second step, phase by phase, as a script runs it: zero_grad(set_to_none=True) first.
+    optimizer.zero_grad(set_to_none=True)
+    generator = torch.Generator().manual_seed(300 + mr.state.dp_rank)
+    ids = torch.randint(0, config.vocab_size, (LOCAL_BATCH, SEQ), generator=generator)
+    phases = phase_peaks(model, ids, optimizer)
     report({
         "case": case,
         "params": params,
@@ -80,7 +87,8 @@ def run_case(case: str, params: dict[str, Any], make_config: Callable[[], Any]) 
         "config": config_record(config),
         "seq_len": SEQ,
         "micro_batch": LOCAL_BATCH,
-        "measured": model_state_bytes(model, optimizer),
+        "measured": measured,
+        "phases": phases,
         "collectives": collectives,
     })
     mr.reset()

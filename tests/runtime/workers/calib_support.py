@@ -8,15 +8,18 @@ compares. Every layout is built by ``meshtrain_runtime.transform`` from the para
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from ranks import local
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from meshtrain_runtime.diagnostics.collectives import count_collectives
+from meshtrain_runtime.memory import PhaseMemoryMeter
 
 SEED = 0
 VOCAB = 128
@@ -96,6 +99,45 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
         "optimizer_states": storage_bytes(states),
         "num_params_without_grad": sum(p.grad is None for p in params),
     }
+
+
+def phase_peaks(
+    model: nn.Module, ids: torch.Tensor, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, int]:
+    """Peak bytes allocated above the step's start in each phase of one training step.
+
+    The step is a script's: ``loss = model(...).loss`` (nobody keeps the logits), backward,
+    then the optimizer step when given; gradients were set to None before (torch's default
+    ``zero_grad``). Phase ends: the output head's forward pre-hook (forward), the gradient
+    reaching the head's output (loss: the cross entropy's backward is done), the end of
+    ``backward()`` and of ``optimizer.step()``.
+    """
+    head = model.get_output_embeddings()
+    meter = PhaseMemoryMeter()
+
+    def head_output(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        output.register_hook(lambda grad: meter.mark("loss"))
+
+    hooks = [head.register_forward_pre_hook(lambda module, args: meter.mark("forward")),
+             head.register_forward_hook(head_output)]
+    with meter:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        meter.mark("backward")
+        del loss
+        # gloo's worker threads free their copy of a collective's buffer after the op has
+        # returned; let them, so that the step starts from what backward left (as with NCCL,
+        # which makes no copy).
+        dist.barrier()
+        time.sleep(0.05)
+        if optimizer is not None:
+            optimizer.step()
+            meter.mark("optimizer_step")
+    for hook in hooks:
+        hook.remove()
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    return meter.peaks
 
 
 def collectives_of(step: Callable[[], Any]) -> dict[str, dict[str, int]]:
