@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshtrain.cli_views import add_view_commands, plot_job, print_logs
 from meshtrain.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 
@@ -18,7 +19,7 @@ LIST_LIMIT = 50
 def add_job_commands(sub: argparse._SubParsersAction) -> None:
     """Register list, status, logs and stop."""
     for name, help_text in (("status", "print a job's DescribeTrainingJob as JSON"),
-                            ("logs", "print a job's logs"), ("stop", "stop a running job")):
+                            ("stop", "stop a running job")):
         command = sub.add_parser(name, help=help_text)
         command.add_argument("job_name")
         _add_location(command)
@@ -30,6 +31,7 @@ def add_job_commands(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--max", type=_positive_int, default=LIST_LIMIT, metavar="N",
                          help=f"show at most N jobs (default {LIST_LIMIT})")
     listing.set_defaults(handler=list_jobs)
+    add_view_commands(sub, _add_location, job_command)
 
 
 def _positive_int(text: str) -> int:
@@ -88,7 +90,9 @@ def job_command(args: argparse.Namespace) -> int:
     if args.action == "status":
         print(json.dumps(job.describe(), indent=2, default=str))
     elif args.action == "logs":
-        job.logs()
+        print_logs(job, args)
+    elif args.action == "plot":
+        plot_job(job, args)
     else:
         stop_job(job)
     return 0

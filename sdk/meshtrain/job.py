@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import abc
+import contextlib
+import io
+from collections.abc import Iterator
 from typing import Any
 
 from meshtrain.errors import JobFailedError
@@ -49,6 +52,13 @@ class TrainingJob(abc.ABC):
     @property
     def name(self) -> str:
         return self.job_name
+
+    def log_lines(self) -> Iterator[str]:
+        """The job's log so far, line by line (what `logs()` prints; backends may stream it)."""
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            self.logs()
+        yield from buffer.getvalue().splitlines()
 
     @property
     def status(self) -> str:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,12 @@ class LocalTrainingJob(TrainingJob):
                 sys.stdout.write(decoder.decode(chunk))
         sys.stdout.write(decoder.decode(b"", final=True))
         sys.stdout.flush()
+
+    def log_lines(self) -> Iterator[str]:
+        """The merged log, streamed from disk line by line."""
+        with open(self.job_dir.log_file, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                yield line.rstrip("\n")
 
     def stop(self) -> None:
         """SIGTERM the supervisor, which ends every host and records the status. If it is gone

@@ -1,0 +1,60 @@
+"""`meshtrain logs --host/--rank` and `meshtrain plot` on a real 2 hosts x 2 processes job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator
+from meshtrain.cli import main
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> tuple[str, Path]:
+    jobs = tmp_path_factory.mktemp("jobs")
+    estimator = Estimator(str(SCRIPTS / "print_metrics.py"), instance_count=2, jobs_dir=str(jobs),
+                          distribution={"torch_distributed": {"enabled": True,
+                                                              "processes_per_host": 2}})
+    estimator.fit(job_name="views", logs=False)
+    return "views", jobs
+
+
+def _logs(capsys, job, *flags: str) -> list[str]:
+    name, jobs = job
+    capsys.readouterr()
+    assert main(["logs", name, "--jobs-dir", str(jobs), *flags]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_logs_filter_by_host_and_rank(job, capsys):
+    everything = _logs(capsys, job)
+    assert {f"hello from rank {r}" for r in range(4)} <= {
+        line.split("] ", 1)[-1].rsplit(" on ", 1)[0] for line in everything}
+    host = _logs(capsys, job, "--host", "algo-2")
+    assert host and all(line.startswith(("[algo-2]", "[algo-2 ")) for line in host)
+    assert any("hello from rank 2 on algo-2" in line for line in host)
+    assert not any("hello from rank 0" in line for line in host)
+    rank = _logs(capsys, job, "--rank", "3")
+    assert rank == ["[algo-2 rank 3] hello from rank 3 on algo-2"]
+    assert _logs(capsys, job, "--host", "algo-1", "--rank", "3") == []
+    assert _logs(capsys, job, "--follow", "--rank", "3") == rank  # an ended job: no wait
+
+
+def test_plot_writes_the_jobs_loss_curve(job, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    name, jobs = job
+    output = tmp_path / "loss.png"
+    assert main(["plot", name, "--jobs-dir", str(jobs), "-o", str(output)]) == 0
+    assert f"wrote {output}" in capsys.readouterr().out
+    with Image.open(output) as image:
+        assert image.text["Title"] == name
+        assert image.text["Description"] == "loss vs step; tokens/s vs step"
+    assert main(["plot", name, "--jobs-dir", str(jobs), "-o", str(tmp_path / "x.jpg")]) == 2
+    assert "writes PNG files" in capsys.readouterr().err
