@@ -102,7 +102,9 @@ def stop_job(job: TrainingJob) -> None:
     """Stop `job` and say what happened (already ended, stopped, or stop requested)."""
     status = job.status
     if status in TERMINAL_STATUSES:
-        print(f"job {job.job_name} already ended ({status}); nothing to stop.")
+        leftover = job.end_leftover_processes()
+        done = f"ended {leftover} process(es) it left behind" if leftover else "nothing to stop"
+        print(f"job {job.job_name} already ended ({status}); {done}.")
         return
     print(f"Stopping job {job.job_name} ... ", end="", flush=True)
     job.stop()

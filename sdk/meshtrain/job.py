@@ -53,6 +53,10 @@ class TrainingJob(abc.ABC):
     def name(self) -> str:
         return self.job_name
 
+    def end_leftover_processes(self) -> int:
+        """End processes an ended job left behind; how many. Only local jobs can have any."""
+        return 0
+
     def log_lines(self) -> Iterator[str]:
         """The job's log so far, line by line (what `logs()` prints; backends may stream it)."""
         buffer = io.StringIO()

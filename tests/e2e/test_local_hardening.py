@@ -137,8 +137,12 @@ def test_stop_after_the_supervisor_was_killed_ends_every_process_left(home, empt
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert job.processes() == []
     assert _gone(escapee)
+    # `meshtrain stop` looks first: the job ended when its supervisor was killed, and says so
+    assert "already ended (Failed); ended 1 process(es) it left behind." in stopped.stdout
     status = json.loads(job.job_dir.status_file.read_text())
-    assert status["TrainingJobStatus"] == "Stopped"  # nobody had looked at it before the stop
+    assert status["TrainingJobStatus"] == "Failed"
+    assert "supervisor process died" in status["FailureReason"]
+    job.stop()  # the API's stop() of that job: nothing left to end, the record stays
     assert list(empty_tmpdir.iterdir()) == []
 
 

@@ -172,6 +172,11 @@ class LocalTrainingJob(TrainingJob):
         """The token every process of this job carries (MESHTRAIN_JOB_TOKEN)."""
         return self.job_dir.read_token()
 
+    def end_leftover_processes(self) -> int:
+        """A job whose supervisor was killed may leave processes without a lifeline (a script's
+        detached children): end every one still carrying the job's token."""
+        return kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
+
     def processes(self) -> list[int]:
         """PIDs of this job's processes still running (supervisor, hosts, agents, ranks)."""
         return pids_of_job(self.token)
