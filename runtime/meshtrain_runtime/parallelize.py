@@ -39,6 +39,7 @@ from meshtrain_runtime.parallel.fsdp import (
     expert_data_parallel_mesh,
     resolve_mixed_precision,
     resolve_offload_policy,
+    resolve_reshard_after_forward,
 )
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
@@ -128,7 +129,9 @@ def _apply_data_parallel(
     model: nn.Module, st: runtime_state.RuntimeState, blocks: list[nn.Module]
 ) -> nn.Module:
     options = FSDPOptions(
-        reshard_after_forward=st.degrees.reshard_after_forward,
+        reshard_after_forward=resolve_reshard_after_forward(
+            st.config.reshard_after_forward, st.degrees.reshard_after_forward
+        ),
         mp_policy=resolve_mixed_precision(st.config.mixed_precision),
         offload_policy=resolve_offload_policy(st.config.cpu_offload, st.device.type),
     )

@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -72,6 +73,45 @@ def resolve_offload_policy(cpu_offload: bool, device_type: str) -> OffloadPolicy
             "live in host memory), or run on GPU hosts."
         )
     return CPUOffloadPolicy(pin_memory=True)
+
+
+def resolve_reshard_after_forward(setting: bool | str, strategy_default: bool) -> bool:
+    """The ``reshard_after_forward`` key: True / False as given, "auto" the strategy's default.
+
+    "auto" keeps SMP's meaning of the strategies: full / hybrid shard reshard after forward,
+    shard_grad_op, _hybrid_shard_zero2 and no_shard keep gathered parameters until backward.
+    """
+    if setting == "auto":
+        return strategy_default
+    if not isinstance(setting, bool):
+        raise ConfigError(
+            f"reshard_after_forward={setting!r} must be true, false or \"auto\"."
+        )
+    return setting
+
+
+def unsharded_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of FSDP2 parameters held gathered (unsharded) right now, on this rank.
+
+    Between forward and backward this is what ``reshard_after_forward=False`` keeps alive: every
+    group's gathered parameters in the compute dtype. It reads the storages FSDP2 allocated for
+    the gathered parameters (a freed one has size 0), so it works on CPU as on GPU.
+    """
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is None:
+                continue
+            storage = unsharded.untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
 
 
 def data_parallel_mesh(mesh: DeviceMesh, replicate_degree: int) -> DeviceMesh:
@@ -164,4 +204,6 @@ __all__ = [
     "find_embedding_and_head",
     "resolve_mixed_precision",
     "resolve_offload_policy",
+    "resolve_reshard_after_forward",
+    "unsharded_parameter_bytes",
 ]
