@@ -48,13 +48,18 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
     "tp": ({"tensor_parallel_degree": 0}, "llama"),  # 0: every rank (filled in at run time)
     "tp_x_hybrid": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}, "llama"),
     "ep": ({"expert_parallel_degree": 2}, "mixtral"),
+    # compile: true on both sides (tensor parallelism with compile is a ConfigError)
+    "full_shard_compile": ({"compile": True}, "llama"),
+    "hybrid_compile": ({"hybrid_shard_degree": 2, "compile": True}, "llama"),
+    "ep_compile": ({"expert_parallel_degree": 2, "compile": True}, "mixtral"),
 }
+DEFAULT_LAYOUTS = "full_shard,hybrid,tp,tp_x_hybrid,ep"
 VOCAB = 512
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
@@ -107,16 +112,20 @@ def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -
 
     model = build_model(LAYOUTS[name][1], args)
     mesh, replicate, shard, tp = hand_mesh(params)
-    if name == "ep":
-        return _ep_by_hand(model, mesh, replicate)
+    if params.get("expert_parallel_degree", 1) > 1:
+        return _ep_by_hand(model, mesh, replicate, compile_blocks=params.get("compile", False))
     if tp > 1:
         parallelize_module(model, mesh["tp"], torch_plan(model, sp=False, lp=False))
+    if params.get("compile"):  # torchtitan: per block, after TP, before FSDP
+        for layer in model.model.layers:
+            layer.compile()
     if replicate * shard > 1:
         shard_by_hand(model, mesh, replicate)
     return model
 
 
-def _ep_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int) -> nn.Module:
+def _ep_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int, *,
+                compile_blocks: bool) -> nn.Module:
     """meshtrain's EP building blocks called directly, then fully_shard by hand."""
     import meshtrain_runtime as mr
     from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
@@ -124,6 +133,9 @@ def _ep_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int) -> nn.Module
 
     expert_mesh = mr.state.expert_mesh
     model = apply_expert_parallel(model, expert_mesh)
+    if compile_blocks:
+        for layer in model.model.layers:
+            layer.compile()
     shard_experts_with_fsdp(model, expert_data_parallel_mesh(expert_mesh, replicate),
                             reshard_after_forward=True)
     return shard_by_hand(model, mesh, replicate)
