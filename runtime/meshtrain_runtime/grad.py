@@ -6,6 +6,8 @@ gradients are grouped by (mesh, placements); each group's norm is computed by to
 whole with ``full_tensor()`` (a reduction over the sharded axes only: replicas are not counted
 twice); the group norms are then combined and torch's ``clip_grads_with_norm_`` scales each
 group (expert weights on the expert mesh, the rest on the data-parallel or (shard, tp) mesh).
+
+`grad_scaler()` hands out the loss scaler ``mixed_precision: fp16`` needs (see docs/hsdp.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from meshtrain_runtime import state as runtime_state
 
 
 def clip_grad_norm_(
@@ -43,6 +47,46 @@ def clip_grad_norm_(
     for group in _group_by_layout(with_grads, layout_of=lambda p: p.grad):
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm, foreach=foreach)
     return total_norm
+
+
+def grad_scaler(
+    *,
+    enabled: bool | None = None,
+    init_scale: float = 2.0**16,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+) -> torch.amp.GradScaler:
+    """torch's dynamic loss scaler for this runtime's device; enabled when it is needed.
+
+    fp16 has 5 exponent bits: gradients below ~6e-8 flush to zero in the half-precision
+    backward (FSDP2 reduces them in fp32, but only after they were computed in fp16). Scaling
+    the loss by `init_scale` keeps them representable; the scaler unscales before the step,
+    skips steps whose gradients overflowed and adapts the scale. By default it is enabled only
+    when ``mixed_precision`` is ``"fp16"`` (bf16 has fp32's exponent range and needs none): a
+    disabled scaler passes everything through, so one training loop serves every precision::
+
+        scaler = mr.grad_scaler()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)          # before clipping: clip the true gradients
+        mr.clip_grad_norm_(model, 1.0)
+        scaler.step(optimizer)              # skipped if any rank saw inf/nan
+        scaler.update()
+
+    Sharded DTensor gradients (FSDP2, TP, EP meshes) work as they are: DTensor all-reduces the
+    scaler's found-inf flag over each gradient's mesh, so every rank skips the same steps.
+    """
+    st = runtime_state.current()
+    if enabled is None:
+        enabled = st.config.mixed_precision == "fp16"
+    return torch.amp.GradScaler(
+        st.device.type,
+        init_scale=init_scale,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+        enabled=enabled,
+    )
 
 
 def total_grad_norm(
@@ -91,4 +135,4 @@ def _whole(norm: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-__all__ = ["clip_grad_norm_", "total_grad_norm"]
+__all__ = ["clip_grad_norm_", "grad_scaler", "total_grad_norm"]

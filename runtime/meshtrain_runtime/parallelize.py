@@ -2,9 +2,9 @@
 
 The order (design.md) lives in one short function, one line per stage:
 model converters -> tensor / expert parallelism -> activation checkpointing / offloading ->
-FSDP2 (experts over their own mesh first, then blocks and root) -> materialisation of
-meta-device models. Context parallelism is not part of this build: asking for it raises a
-ConfigError before the model is touched.
+per-block torch.compile (``compile: true``) -> FSDP2 (experts over their own mesh first, then
+blocks and root) -> materialisation of meta-device models. Context parallelism is not part of
+this build: asking for it raises a ConfigError before the model is touched.
 """
 
 from __future__ import annotations
@@ -32,15 +32,18 @@ from meshtrain_runtime.parallel.activations import (
     resolve_activation_kwargs,
 )
 from meshtrain_runtime.parallel.blocks import BlockSpec, find_blocks
+from meshtrain_runtime.parallel.compile import apply_compile, check_compile
 from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
 from meshtrain_runtime.parallel.fsdp import (
     FSDPOptions,
     apply_fsdp,
+    check_fp8,
     data_parallel_mesh,
     expert_data_parallel_mesh,
     find_embedding_and_head,
     resolve_mixed_precision,
     resolve_offload_policy,
+    resolve_reshard_after_forward,
 )
 from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
@@ -84,9 +87,19 @@ def transform(
     rank0_weights = _rank0_state_dict(model, st) if load_state_dict_from_rank0 else None
     block_list = find_blocks(model, blocks)  # after converters, before any class swap
     activation_kwargs = _check_blocks(model, block_list, resolve_activation_kwargs(st.config))
+    if st.config.compile:
+        check_compile(
+            blocks=block_list, device_type=st.device.type,
+            activation_offloading=st.config.activation_offloading,
+            activation_checkpointing=st.config.activation_checkpointing,
+            tensor_parallel_degree=st.tensor_parallel_degree,
+            expert_parallel_degree=st.expert_parallel_degree,
+        )
     model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
     if activation_kwargs is not None:
         apply_activation_checkpointing(model, block_list, **activation_kwargs)
+    if st.config.compile:  # after TP/EP and checkpointing, before FSDP2 (torchtitan's order)
+        apply_compile(model, block_list)
     model = _apply_data_parallel(model, st, block_list)
     _materialise(model, st, load_state_dict_from_rank0, rank0_weights, init_weights)
     return model
@@ -131,7 +144,9 @@ def _apply_data_parallel(
     model: nn.Module, st: runtime_state.RuntimeState, blocks: list[nn.Module]
 ) -> nn.Module:
     options = FSDPOptions(
-        reshard_after_forward=st.degrees.reshard_after_forward,
+        reshard_after_forward=resolve_reshard_after_forward(
+            st.config.reshard_after_forward, st.degrees.reshard_after_forward
+        ),
         mp_policy=resolve_mixed_precision(st.config.mixed_precision),
         offload_policy=resolve_offload_policy(st.config.cpu_offload, st.device.type),
     )
@@ -218,6 +233,7 @@ def _check_request(
             "real weights on every rank, or load a sharded checkpoint after transform()."
         )
     resolve_offload_policy(params.cpu_offload, st.device.type)
+    check_fp8(params.fp8, st.device)
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ConfigError(
             "The model is already sharded (transform() or fully_shard() ran on it). Call "

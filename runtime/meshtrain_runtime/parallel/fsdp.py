@@ -13,6 +13,7 @@ degree 1 on the 2-D mesh, i.e. every rank holds everything and gradients are all
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -56,6 +58,43 @@ def resolve_mixed_precision(mixed_precision: str | None) -> MixedPrecisionPolicy
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
+def check_fp8(enabled: bool, device: torch.device) -> None:
+    """The ``fp8`` key: refused with the reason on every device (see docs/performance.md).
+
+    torchao's float8 training swaps ``nn.Linear`` for ``Float8Linear`` (dynamically scaled
+    float8 matmuls). Those need float8 tensor cores, i.e. an H100-class NVIDIA GPU (compute
+    capability 9.0+), and the torchao package. This build does not apply the conversion yet,
+    so even there it says so rather than train silently in bf16.
+    """
+    if not enabled:
+        return
+    if device.type != "cuda":
+        raise ConfigError(
+            f"fp8=True trains linear layers with float8 matmuls (torchao float8 training), "
+            f"which need float8 tensor cores: an H100-class NVIDIA GPU (compute capability "
+            f"9.0+). This process runs on {device.type}. Set fp8=False (bf16 mixed precision "
+            "is the recommended setting)."
+        )
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (9, 0):
+        raise ConfigError(
+            f"fp8=True needs float8 tensor cores (compute capability 9.0+, H100-class), but "
+            f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}. "
+            "Set fp8=False and use mixed_precision='bf16'."
+        )
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError(
+            "fp8=True uses torchao's float8 training, but torchao is not installed. Install "
+            "it (the version matching your torch), or set fp8=False."
+        )
+    raise ConfigError(
+        "fp8=True: this build of meshtrain_runtime does not apply torchao's float8 conversion "
+        "yet (it could not be tested without an H100). Set fp8=False and use "
+        "mixed_precision='bf16', or convert the model yourself with "
+        "torchao.float8.convert_to_float8_training before transform()."
+    )
+
+
 def resolve_offload_policy(cpu_offload: bool, device_type: str) -> OffloadPolicy:
     """`cpu_offload` -> CPUOffloadPolicy (ZeRO-Offload); a ConfigError on a host without GPUs.
 
@@ -67,6 +106,45 @@ def resolve_offload_policy(cpu_offload: bool, device_type: str) -> OffloadPolicy
         return OffloadPolicy()
     check_cpu_offload(cpu_offload, device_type)  # the client runs the same check
     return CPUOffloadPolicy(pin_memory=True)
+
+
+def resolve_reshard_after_forward(setting: bool | str, strategy_default: bool) -> bool:
+    """The ``reshard_after_forward`` key: True / False as given, "auto" the strategy's default.
+
+    "auto" keeps SMP's meaning of the strategies: full / hybrid shard reshard after forward,
+    shard_grad_op, _hybrid_shard_zero2 and no_shard keep gathered parameters until backward.
+    """
+    if setting == "auto":
+        return strategy_default
+    if not isinstance(setting, bool):
+        raise ConfigError(
+            f"reshard_after_forward={setting!r} must be true, false or \"auto\"."
+        )
+    return setting
+
+
+def unsharded_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of FSDP2 parameters held gathered (unsharded) right now, on this rank.
+
+    Between forward and backward this is what ``reshard_after_forward=False`` keeps alive: every
+    group's gathered parameters in the compute dtype. It reads the storages FSDP2 allocated for
+    the gathered parameters (a freed one has size 0), so it works on CPU as on GPU.
+    """
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is None:
+                continue
+            storage = unsharded.untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
 
 
 def data_parallel_mesh(mesh: DeviceMesh, replicate_degree: int) -> DeviceMesh:
@@ -154,9 +232,12 @@ def _can_group(model: nn.Module, module: nn.Module | None, blocks: Sequence[nn.M
 __all__ = [
     "FSDPOptions",
     "apply_fsdp",
+    "check_fp8",
     "data_parallel_mesh",
     "expert_data_parallel_mesh",
     "find_embedding_and_head",
     "resolve_mixed_precision",
     "resolve_offload_policy",
+    "resolve_reshard_after_forward",
+    "unsharded_parameter_bytes",
 ]

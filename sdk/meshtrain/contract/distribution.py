@@ -59,6 +59,14 @@ class SMPParameters(_Strict):
     loss_parallel: bool = False
     """With tensor parallelism: keep logits vocab-sharded; the loss runs in torch's
     ``loss_parallel()`` context."""
+    compile: bool = False
+    """torch.compile each transformer block (after TP/EP and checkpointing, before FSDP2)."""
+    fp8: bool = False
+    """Float8 training (torchao) on H100-class GPUs; refused with the reason elsewhere."""
+    reshard_after_forward: bool | Literal["auto"] = "auto"
+    """FSDP groups free their gathered parameters after forward (True: less memory, one more
+    all-gather per group in backward) or keep them until backward (False: faster, more memory);
+    "auto" follows the sharding strategy (no for no_shard / shard_grad_op)."""
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:

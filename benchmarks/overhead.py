@@ -1,0 +1,244 @@
+"""transform() vs the same layout written by hand with torch, for every parallel layout.
+
+Run on N ranks by ``benchmarks/run_all.py`` (or by hand under torchrun through meshtrain's rank
+entry). For each layout named on the command line, rank 0 prints one ``RESULT {json}`` line:
+
+- ``round_ratios``: interleaved rounds (A B, then B A, ...) of ``--steps`` steps each; a round's
+  ratio is median step time of transform() over median step time of the hand-written model;
+- ``memory``: per-rank local parameter bytes of both models and the theory
+  ``total / (shard degree x tp degree)`` (FSDP pads dim 0 to a multiple of the shard degree;
+  tensor parallelism leaves norm weights whole, so meshtrain's bytes are at or a little above it);
+- ``collectives``: payload bytes per step (torch's CommDebugMode) of both models and, for the
+  FSDP-only layouts, the theory: forward all-gather of every parameter, backward all-gather of
+  the groups resharded after forward (all but the output head and the root), reduce-scatter of
+  every gradient, plus an all-reduce of the gradient shards over replicas when hybrid.
+
+Hand-written sides: ``fully_shard`` per block, embedding, head (no reshard) and root on a
+``init_device_mesh`` mesh; TP with ``parallelize_module`` and torchtitan's Llama plan (HF names)
+from benchmarks/bench_tp_comm.py. Expert parallelism has no torch-only equivalent, so its
+hand-written side calls meshtrain's own building blocks (``apply_expert_parallel``,
+``shard_experts_with_fsdp``) and ``fully_shard`` directly: that ratio measures what
+``transform()`` adds around them, not the expert kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# layout name -> (SMP parameters, model kind)
+LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
+    "full_shard": ({}, "llama"),
+    "hybrid": ({"hybrid_shard_degree": 2}, "llama"),
+    "tp": ({"tensor_parallel_degree": 0}, "llama"),  # 0: every rank (filled in at run time)
+    "tp_x_hybrid": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}, "llama"),
+    "ep": ({"expert_parallel_degree": 2}, "mixtral"),
+    # compile: true on both sides (tensor parallelism with compile is a ConfigError)
+    "full_shard_compile": ({"compile": True}, "llama"),
+    "hybrid_compile": ({"hybrid_shard_degree": 2, "compile": True}, "llama"),
+    "ep_compile": ({"expert_parallel_degree": 2, "compile": True}, "mixtral"),
+}
+DEFAULT_LAYOUTS = "full_shard,hybrid,tp,tp_x_hybrid,ep"
+VOCAB = 512
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=2)
+    return parser.parse_args(argv)
+
+
+def build_model(kind: str, args: argparse.Namespace) -> nn.Module:
+    """A small HF model from a config (never downloaded), the same on every rank."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    common = dict(hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+                  num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
+                  vocab_size=VOCAB, max_position_embeddings=args.seq)
+    torch.manual_seed(0)
+    if kind == "mixtral":
+        return MixtralForCausalLM(MixtralConfig(**common, num_local_experts=4,
+                                                num_experts_per_tok=2))
+    return LlamaForCausalLM(LlamaConfig(**common))
+
+
+def hand_mesh(params: dict[str, Any]) -> tuple[DeviceMesh, int, int, int]:
+    """(mesh, replicate, shard, tp) built with init_device_mesh, as a user would."""
+    world = dist.get_world_size()
+    tp = params.get("tensor_parallel_degree", 1)
+    dp = world // tp
+    shard = params.get("hybrid_shard_degree") or dp
+    names = ("replicate", "shard", "tp")
+    mesh = init_device_mesh("cpu", (dp // shard, shard, tp), mesh_dim_names=names)
+    return mesh, dp // shard, shard, tp
+
+
+def shard_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int) -> nn.Module:
+    """torchtitan's FSDP2 layout written out."""
+    dp_mesh = mesh["shard"] if replicate == 1 else mesh["replicate", "shard"]
+    fully_shard(model.model.embed_tokens, mesh=dp_mesh, reshard_after_forward=True)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=True)
+    fully_shard(model.lm_head, mesh=dp_mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -> nn.Module:
+    from bench_tp_comm import torch_plan
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    model = build_model(LAYOUTS[name][1], args)
+    mesh, replicate, shard, tp = hand_mesh(params)
+    if params.get("expert_parallel_degree", 1) > 1:
+        return _ep_by_hand(model, mesh, replicate, compile_blocks=params.get("compile", False))
+    if tp > 1:
+        parallelize_module(model, mesh["tp"], torch_plan(model, sp=False, lp=False))
+    if params.get("compile"):  # torchtitan: per block, after TP, before FSDP
+        for layer in model.model.layers:
+            layer.compile()
+    if replicate * shard > 1:
+        shard_by_hand(model, mesh, replicate)
+    return model
+
+
+def _ep_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int, *,
+                compile_blocks: bool) -> nn.Module:
+    """meshtrain's EP building blocks called directly, then fully_shard by hand."""
+    import meshtrain_runtime as mr
+    from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
+    from meshtrain_runtime.parallel.fsdp import expert_data_parallel_mesh
+
+    expert_mesh = mr.state.expert_mesh
+    model = apply_expert_parallel(model, expert_mesh)
+    if compile_blocks:
+        for layer in model.model.layers:
+            layer.compile()
+    shard_experts_with_fsdp(model, expert_data_parallel_mesh(expert_mesh, replicate),
+                            reshard_after_forward=True)
+    return shard_by_hand(model, mesh, replicate)
+
+
+def step_fn(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor):
+    def step() -> None:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return step
+
+
+def timed(step, count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def local_bytes(model: nn.Module) -> int:
+    total = 0
+    for p in model.parameters():
+        t = p.to_local() if isinstance(p, DTensor) else p
+        total += t.numel() * t.element_size()
+    return total
+
+
+def fsdp_theory(model: nn.Module, replicate: int, shard: int) -> dict[str, int]:
+    """Payload bytes per step of torchtitan's FSDP2 layout (whole logical tensors)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    kept = sum(p.numel() * p.element_size() for p in model.lm_head.parameters())
+    kept += sum(p.numel() * p.element_size() for p in model.model.norm.parameters())
+    theory = {"forward/all_gather": total, "backward/all_gather": total - kept,
+              "backward/reduce_scatter": total}
+    if replicate > 1:
+        theory["backward/all_reduce"] = total // shard
+    return theory
+
+
+def collectives(step) -> dict[str, int]:
+    from meshtrain_runtime.diagnostics.collectives import count_collectives
+
+    stats = count_collectives(step)
+    return {f"{phase}/{op}": n for (phase, op), n in sorted(stats.payload_bytes.items())}
+
+
+def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import meshtrain_runtime as mr
+
+    params, kind = LAYOUTS[name]
+    if params.get("tensor_parallel_degree") == 0:
+        params = {**params, "tensor_parallel_degree": int(os.environ["WORLD_SIZE"])}
+    mr.reset()
+    mr.init(params)
+    reference = build_model(kind, args)
+    theory_bytes_total = sum(p.numel() * p.element_size() for p in reference.parameters())
+    models = {"transform": mr.transform(build_model(kind, args)),
+              "by_hand": build_by_hand(name, params, args)}
+    _, replicate, shard, tp = hand_mesh(params)
+    ids = torch.randint(0, VOCAB, (args.batch, args.seq),
+                        generator=torch.Generator().manual_seed(mr.state.dp_rank))
+    steps = {k: step_fn(m, torch.optim.AdamW(m.parameters(), lr=1e-4), ids)
+             for k, m in models.items()}
+    # CommDebugMode's module tracker fails on HF Mixtral's MoE blocks; EP's all-to-all bytes
+    # are measured against theory by bench_ep_alltoall.py (its own dispatch-level counter).
+    comm = {k: collectives(s) for k, s in steps.items()} if kind == "llama" else {}
+    for step in steps.values():
+        timed(step, args.warmup)
+    ratios, samples = [], {k: [] for k in steps}
+    for index in range(args.rounds):
+        medians = {}
+        for key in (list(steps) if index % 2 == 0 else list(reversed(steps))):
+            times = timed(steps[key], args.steps)
+            samples[key].extend(times)
+            medians[key] = statistics.median(times)
+        ratios.append(medians["transform"] / medians["by_hand"])
+    memory = {"transform_bytes": local_bytes(models["transform"]),
+              "by_hand_bytes": local_bytes(models["by_hand"]),
+              "theory_bytes": theory_bytes_total // (shard * tp)}
+    comm["theory"] = fsdp_theory(reference, replicate, shard) if tp == 1 and kind == "llama" \
+        else None
+    return {"layout": name, "parameters": params, "ranks": dist.get_world_size(),
+            "mesh": {"replicate": replicate, "shard": shard, "tp": tp},
+            "round_ratios": ratios,
+            "step_ms": {k: 1e3 * statistics.median(v) for k, v in samples.items()},
+            "memory": memory, "collective_bytes": comm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    for name in args.layouts.split(","):
+        if name not in LAYOUTS:
+            raise SystemExit(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
+        result = run_layout(name, args)
+        if dist.get_rank() == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
