@@ -59,6 +59,9 @@ class SMPParameters(_Strict):
     loss_parallel: bool = False
     """With tensor parallelism: keep logits vocab-sharded; the loss runs in torch's
     ``loss_parallel()`` context."""
+    torch_sagemaker_alias: bool = True
+    """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
+    docs/smp-compat.md); False leaves the name unresolved."""
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
