@@ -52,7 +52,9 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         if real_spec is None:
             return None
         spec = importlib.machinery.ModuleSpec(
-            fullname, _AliasLoader(real), is_package=real_spec.submodule_search_locations is not None
+            fullname,
+            _AliasLoader(real),
+            is_package=real_spec.submodule_search_locations is not None,
         )
         return spec
 
@@ -107,7 +109,7 @@ def alias_wanted(environ: dict[str, str] | os._Environ | None = None) -> bool:
 
 
 def install_for_rank() -> None:
-    """Called by the rank wrapper before the user's script: install the alias if the job wants it."""
+    """Called by the rank wrapper before the user's script: the alias, if the job wants it."""
     if alias_wanted():
         install_torch_sagemaker()
 

@@ -43,10 +43,10 @@ def resolve_strategy(
 ) -> ShardingStrategy:
     """The strategy FSDP1 runs with on SMP's group, from the script's request (None = unset).
 
-    | layout                          | unset / FULL / HYBRID | SHARD_GRAD_OP / _ZERO2 | NO_SHARD |
-    | shard 1 (H1)                    | NO_SHARD              | NO_SHARD               | NO_SHARD |
-    | shard >= 2, one replica (H0)    | FULL_SHARD            | SHARD_GRAD_OP          | FULL_SHARD |
-    | shard >= 2, replicas (H2)       | HYBRID_SHARD          | _HYBRID_SHARD_ZERO2    | HYBRID_SHARD |
+    | layout                   | unset / FULL / HYBRID / NO | SHARD_GRAD_OP / _ZERO2 |
+    | shard 1 (H1)             | NO_SHARD                   | NO_SHARD               |
+    | shard >= 2, 1 replica    | FULL_SHARD                 | SHARD_GRAD_OP          |
+    | shard >= 2, replicas (H2)| HYBRID_SHARD               | _HYBRID_SHARD_ZERO2    |
 
     With one replica a hybrid strategy is the same as full sharding over the shard group.
     """

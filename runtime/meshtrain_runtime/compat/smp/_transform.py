@@ -18,9 +18,9 @@ from torch.distributed.tensor import DTensor
 
 from meshtrain.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.compat.smp._fsdp import compat_meshes
 from meshtrain_runtime.delayed_init import check_rank0_has_weights
 from meshtrain_runtime.moe import MoEConfig
-from meshtrain_runtime.compat.smp._fsdp import compat_meshes
 from meshtrain_runtime.parallel.blocks import find_blocks
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 from meshtrain_runtime.parallelize import apply_converters, apply_model_parallel
@@ -37,7 +37,7 @@ def transform(
     load_state_dict_from_rank0: bool = False,
     cp_comm_type: str = "p2p",
 ) -> nn.Module:
-    """Convert `model` for SMP's layout (TP or EP per ``tsm.init``'s parameters); wrap it in FSDP next.
+    """Convert `model` for SMP's layout (TP or EP per ``tsm.init``); wrap it in FSDP next.
 
     - `config`: a ``tsm.moe.moe_config.MoEConfig`` for expert parallelism (other dicts of SMP
       transformer options are refused: meshtrain keeps the Hugging Face modules).

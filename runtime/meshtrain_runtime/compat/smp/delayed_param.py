@@ -18,7 +18,7 @@ from meshtrain_runtime import state as runtime_state
 
 
 class DelayedParamIniter:
-    """SMP's delayed parameter initialiser, for FSDP1's ``param_init_fn`` / ``post_param_init_fn``."""
+    """SMP's delayed initialiser: FSDP1's ``param_init_fn`` and ``post_param_init_fn``."""
 
     def __init__(
         self,

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workers"))
-from report import report  # noqa: E402
+from report import report
 
-from meshtrain_runtime.compat import install_torch_sagemaker  # noqa: E402
+from meshtrain_runtime.compat import install_torch_sagemaker
 
 install_torch_sagemaker()
 
@@ -166,6 +166,39 @@ def load_local(model, optimizer, root: str) -> int:
     return state["total_steps"]
 
 
+def state_fields(params: dict) -> dict:
+    """Every tsm.state field this rank sees for `params` (groups as their global ranks)."""
+    tsm.state.reset()
+    tsm.init(params)
+    st = tsm.state
+    groups = {name: get_global_ranks(getattr(st, name)) for name in (
+        "tp_process_group", "rep_rank_process_group", "world_process_group", "cp_process_group")}
+    fields = {name: getattr(st, name) for name in (
+        "rank", "world_size", "hybrid_shard_degree", "tensor_parallel_degree", "tp_size",
+        "tp_rank", "expert_parallel_degree", "ep_size", "ep_rank", "context_parallel_degree",
+        "cp_size", "cp_rank", "dp_rank", "dp_size", "sm_activation_offloading",
+        "activation_loading_horizon", "random_seed")}
+    ranker = st.ranker
+    tracker = st.get_rng_state_tracker()
+    with tracker.fork():
+        draw = torch.rand(1).item()
+    return {**fields, **groups, "rep_rank": ranker.get_rep_rank(dist.get_rank()),
+            "rep_groups": ranker.get_rep_groups(), "tracker_draw": draw,
+            "is_initialized": tsm.is_initialized()}
+
+
+def estimator_wins() -> dict:
+    """SM_HP_MP_PARAMETERS (the estimator's parameters) beats the dict given to tsm.init."""
+    os.environ["SM_HP_MP_PARAMETERS"] = '{"hybrid_shard_degree": 2}'
+    try:
+        tsm.state.reset()
+        tsm.init({"hybrid_shard_degree": 4, "activation_loading_horizon": 3})
+        return {"hybrid_shard_degree": tsm.state.hybrid_shard_degree,
+                "activation_loading_horizon": tsm.state.activation_loading_horizon}
+    finally:
+        del os.environ["SM_HP_MP_PARAMETERS"]
+
+
 def run_layout(params: dict, roots: dict[str, str]) -> list[float]:
     model, optimizer = wrapped_model(params)
     losses = []
@@ -189,9 +222,14 @@ def main() -> None:
     shared = [tempfile.mkdtemp(prefix="smp-ckpt-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(shared, src=0)
     root = shared[0]
-    hybrid, tp2 = {"hybrid_shard_degree": 2}, {"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}
+    hybrid = {"hybrid_shard_degree": 2}
+    tp2 = {"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}
     roots = {name: {kind: os.path.join(root, name, kind) for kind in ("sharded", "local")}
              for name in ("hybrid", "tp")}
+    report({"case": "state_tp2_hybrid2", **state_fields(
+        {**tp2, "random_seed": 7, "sm_activation_offloading": False})})
+    report({"case": "state_hybrid2_x2", **state_fields(hybrid)})
+    report({"case": "estimator_wins", **estimator_wins()})
     report({"case": "reference", "losses": reference_losses()})
     report({"case": "hybrid2", "losses": run_layout(hybrid, roots["hybrid"])})
     report({"case": "tp2", "losses": run_layout(tp2, roots["tp"])})

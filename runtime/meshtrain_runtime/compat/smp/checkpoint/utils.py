@@ -38,7 +38,8 @@ def limit_num_subdirs(
     if num_kept <= 0 or not os.path.isdir(root):
         return []
     names = sorted(
-        (n for n in os.listdir(root) if re.match(regex, n) and os.path.isdir(os.path.join(root, n))),
+        (n for n in os.listdir(root)
+         if re.match(regex, n) and os.path.isdir(os.path.join(root, n))),
         key=sort_fn,
     )
     removed = [os.path.join(root, n) for n in names[:-num_kept]]

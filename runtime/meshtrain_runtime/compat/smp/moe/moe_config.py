@@ -5,12 +5,13 @@ Every SMP field is accepted by name and either honoured or refused with the reas
 | field                     | SMP default | here |
 | smp_moe                   | True        | True honoured (meshtrain's MoE layer); False refused |
 | random_seed               | 12345       | honoured (expert init seed) |
-| moe_load_balancing        | "sinkhorn"  | "aux_loss", "none" honoured; "sinkhorn", "balanced" refused |
+| moe_load_balancing        | "sinkhorn"  | "aux_loss", "none" honoured; "sinkhorn", "balanced"
+|                           |             | refused |
 | global_token_shuffle      | False       | False honoured; True refused |
 | moe_all_to_all_dispatcher | True        | True honoured; False refused |
 | moe_aux_loss_coeff        | 0.001       | honoured |
 | moe_z_loss_coeff          | 0.001       | honoured |
-| use_cpu_initialization    | False       | accepted: weights are initialised where the model lives |
+| use_cpu_initialization    | False       | accepted: weights initialise where the model lives |
 
 SMP's default balancing is "sinkhorn", which meshtrain does not implement, so ``MoEConfig()``
 without ``moe_load_balancing`` raises and names the supported values.
@@ -21,7 +22,7 @@ from __future__ import annotations
 from meshtrain_runtime.moe import MoEConfig as _RuntimeMoEConfig
 
 
-def MoEConfig(  # noqa: N802  (SMP's class name; returns meshtrain's config)
+def MoEConfig(
     smp_moe: bool = True,
     random_seed: int = 12345,
     moe_load_balancing: str = "sinkhorn",

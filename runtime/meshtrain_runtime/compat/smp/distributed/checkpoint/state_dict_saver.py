@@ -79,7 +79,10 @@ def async_save(
     strategy = sharded_strategy or PyTorchDistSaveShardedStrategy()
     writer = strategy.writer(str(checkpoint_id), storage_writer)
     future = dcp.async_save(
-        per_tp_rank(state_dict, process_group), storage_writer=writer, planner=planner, process_group=process_group
+        per_tp_rank(state_dict, process_group),
+        storage_writer=writer,
+        planner=planner,
+        process_group=process_group,
     )
     if queue is None:
         _default_queue = _default_queue or AsyncCallsQueue()

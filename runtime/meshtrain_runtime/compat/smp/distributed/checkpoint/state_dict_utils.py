@@ -5,7 +5,8 @@ the same shard degree (SMP's rule; the replica count may change). For an FSDP1 m
 flat parameter shards themselves (``flat_param.<i>`` for the i-th FSDP unit), so DCP loads write
 straight into the model. (FSDP1's own ``LOCAL_STATE_DICT`` refuses models wrapped with a device
 mesh, which is how SMP's group reaches FSDP here.) For an FSDP2 / DTensor model it is torch's
-sharded state dict (DTensors, which DCP also reshards). Use it with the optimizer's own ``state_dict()``: `init_optim_state` creates the
+sharded state dict (DTensors, which DCP also reshards). Use it with the optimizer's own
+``state_dict()``: `init_optim_state` creates the
 optimizer's state tensors first so a load can fill them in place.
 """
 
@@ -73,7 +74,7 @@ def init_optim_state(optimizer: torch.optim.Optimizer, skip_empty_param: bool = 
     Runs one ``step()`` with zero gradients and learning rate 0 on parameters that have no state
     yet (empty FSDP shards are skipped when `skip_empty_param`), then restores everything.
     """
-    saved = [(group, group.get("lr"), group.get("weight_decay")) for group in optimizer.param_groups]
+    saved = [(g, g.get("lr"), g.get("weight_decay")) for g in optimizer.param_groups]
     grads = {}
     for group in optimizer.param_groups:
         group["lr"] = 0.0
