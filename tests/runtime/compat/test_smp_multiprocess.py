@@ -90,3 +90,12 @@ def test_estimator_parameters_win_over_init_dict(records):
     for r in cases(records, "estimator_wins"):
         assert r["hybrid_shard_degree"] == 2  # from SM_HP_MP_PARAMETERS, not init's 4
         assert r["activation_loading_horizon"] == 3  # keys the estimator did not send stay
+
+
+def test_smp_checkpoint_and_meshtrain_checkpoint_load_each_other(records):
+    """meshtrain's load_checkpoint resumes the SMP-API checkpoint (FSDP2, 4 shards), and its own
+    save_checkpoint is resumed through the SMP API (FSDP1, hybrid 2): both match step 3."""
+    expected = reference(records)[2:]
+    for record in cases(records, "interop"):
+        assert record["meshtrain_from_shim"] == pytest.approx(expected, abs=TOLERANCE)
+        assert record["shim_from_meshtrain"] == pytest.approx(expected, abs=TOLERANCE)

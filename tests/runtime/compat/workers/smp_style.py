@@ -88,8 +88,10 @@ def wrapped_model(params: dict) -> tuple[torch.nn.Module, torch.optim.Optimizer]
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> float:
-    dp_rank, dp_size = tsm.state.dp_rank, tsm.state.dp_size
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+               state: object = None) -> float:
+    state = state or tsm.state
+    dp_rank, dp_size = state.dp_rank, state.dp_size
     per_rank = BATCH // dp_size
     ids = batch(step)[dp_rank * per_rank:(dp_rank + 1) * per_rank]
     loss = model(input_ids=ids, labels=ids).loss
@@ -199,6 +201,31 @@ def estimator_wins() -> dict:
         del os.environ["SM_HP_MP_PARAMETERS"]
 
 
+def meshtrain_loads_shim_and_back(shim_root: str, root: str) -> dict:
+    """SMP-API checkpoint -> meshtrain's load_checkpoint; meshtrain's save -> SMP-API load."""
+    import meshtrain_runtime as mr
+
+    tsm.state.reset()
+    mr.init({"hybrid_shard_degree": 4})
+    model = mr.transform(build_model())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mr.load_checkpoint(shim_root, model, optimizer)
+    written = mr.save_checkpoint(root, model, optimizer, step=SAVE_AFTER)
+    forward = train_step(model, optimizer, SAVE_AFTER, mr.state)
+    mr.reset()
+    model, optimizer = wrapped_model({"hybrid_shard_degree": 2})
+    init_optim_state(optimizer)
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        state = {"model": model.state_dict(),
+                 "optimizer": FSDP.optim_state_dict(model, optimizer)}
+        load(state, checkpoint_id=str(written))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(FSDP.optim_state_dict_to_load(model, optimizer,
+                                                                 state["optimizer"]))
+    return {"meshtrain_from_shim": [forward],
+            "shim_from_meshtrain": [train_step(model, optimizer, SAVE_AFTER)]}
+
+
 def run_layout(params: dict, roots: dict[str, str]) -> list[float]:
     model, optimizer = wrapped_model(params)
     losses = []
@@ -241,6 +268,8 @@ def main() -> None:
     report({"case": "resume_sharded_tp2",
             "losses": resume(tp2, roots["tp"]["sharded"], "sharded")})
     report({"case": "resume_local_tp2", "losses": resume(tp2, roots["tp"]["local"], "local")})
+    report({"case": "interop", **meshtrain_loads_shim_and_back(
+        roots["hybrid"]["sharded"], os.path.join(root, "meshtrain"))})
 
 
 if __name__ == "__main__":

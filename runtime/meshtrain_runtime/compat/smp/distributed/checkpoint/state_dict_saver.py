@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
+from meshtrain_runtime.checkpoint import FORMAT_VERSION, MARKER_NAME
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     check_local,
     group_coordinator,
@@ -43,13 +47,37 @@ def save(
     """Save `state_dict` with DCP over `process_group` (every rank of the group calls it)."""
     check_local(checkpoint_id, s3_region, s3client_config)
     writer = PyTorchDistSaveShardedStrategy().writer(str(checkpoint_id), storage_writer)
+    local_coordinator = group_coordinator(process_group, coordinator_rank)
     _save_state_dict(
         per_tp_rank(state_dict, process_group),
         storage_writer=writer,
         process_group=process_group,
-        coordinator_rank=group_coordinator(process_group, coordinator_rank),
+        coordinator_rank=local_coordinator,
         planner=planner,
     )
+    if storage_writer is None and _is_coordinator(process_group, local_coordinator):
+        mark_completed(str(checkpoint_id), has_optimizer="optimizer" in state_dict)
+
+
+def _is_coordinator(process_group: dist.ProcessGroup | None, local_coordinator: int) -> bool:
+    if not dist.is_initialized():
+        return True
+    return dist.get_rank(process_group) == local_coordinator
+
+
+def mark_completed(directory: str, *, has_optimizer: bool) -> None:
+    """Write meshtrain's completion marker, so ``meshtrain_runtime.load_checkpoint`` (and
+    ``latest_checkpoint`` on a ``step_<n>`` directory) accept this checkpoint.
+
+    Written after DCP's final gather, i.e. once every rank of the group wrote its files.
+    """
+    record = {"format": FORMAT_VERSION, "step": None, "extra": {},
+              "has_optimizer": has_optimizer,
+              "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+    path = Path(directory) / MARKER_NAME
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(record, indent=2))
+    os.replace(temporary, path)
 
 
 def async_save(
@@ -99,4 +127,10 @@ def maybe_finalize_async_calls(
     return _default_queue.maybe_finalize_async_calls(blocking=blocking, process_group=process_group)
 
 
-__all__ = ["PyTorchDistSaveShardedStrategy", "async_save", "maybe_finalize_async_calls", "save"]
+__all__ = [
+    "PyTorchDistSaveShardedStrategy",
+    "async_save",
+    "mark_completed",
+    "maybe_finalize_async_calls",
+    "save",
+]
