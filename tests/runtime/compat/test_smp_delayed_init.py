@@ -60,6 +60,6 @@ def test_validate_raises_when_fsdp_was_given_no_param_init_fn(tsm):
         model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=1, num_attention_heads=4))
     initer = DelayedParamIniter(model)
-    with pytest.raises(AssertionError, match="still on the meta device"):
-        with initer.validate_params_and_buffers_inited():
-            pass
+    with (pytest.raises(AssertionError, match="still on the meta device"),
+          initer.validate_params_and_buffers_inited()):
+        pass
