@@ -39,6 +39,13 @@ def test_training_matches_one_process(records, layout):
         assert record["losses"] == pytest.approx(expected, abs=TOLERANCE)
 
 
+def test_fsdp2_fully_shard_without_mesh_uses_smp_group(records):
+    expected = reference(records)
+    for record in cases(records, "fsdp2_hybrid2"):
+        assert record["mesh_shape"] == [2, 2]  # (replicate, shard): HSDP over SMP's layout
+        assert record["losses"] == pytest.approx(expected, abs=TOLERANCE)
+
+
 @pytest.mark.parametrize("case", [
     "resume_sharded_hybrid_to_full4",  # another layout: 2 replicas x 2 shards -> 4 shards
     "resume_local_hybrid",             # SM_LOCAL async save, same shard degree

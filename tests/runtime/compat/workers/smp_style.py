@@ -226,6 +226,22 @@ def meshtrain_loads_shim_and_back(shim_root: str, root: str) -> dict:
             "shim_from_meshtrain": [train_step(model, optimizer, SAVE_AFTER)]}
 
 
+def fsdp2_without_mesh(params: dict) -> dict:
+    """FSDP2 ``fully_shard`` with no mesh shards over SMP's group (2 replicas x 2 shards)."""
+    from torch.distributed.fsdp import fully_shard
+
+    tsm.state.reset()
+    tsm.init(params)
+    model = tsm.transform(build_model())
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    mesh = model.model.embed_tokens.weight.device_mesh
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return {"mesh_shape": list(mesh.shape),
+            "losses": [train_step(model, optimizer, step) for step in range(STEPS)]}
+
+
 def run_layout(params: dict, roots: dict[str, str]) -> list[float]:
     model, optimizer = wrapped_model(params)
     losses = []
@@ -260,6 +276,7 @@ def main() -> None:
     report({"case": "reference", "losses": reference_losses()})
     report({"case": "hybrid2", "losses": run_layout(hybrid, roots["hybrid"])})
     report({"case": "tp2", "losses": run_layout(tp2, roots["tp"])})
+    report({"case": "fsdp2_hybrid2", **fsdp2_without_mesh(hybrid)})
     # sharded resume on another layout: saved on 2 replicas x 2 shards, resumed sharded over 4
     report({"case": "resume_sharded_hybrid_to_full4",
             "losses": resume({"hybrid_shard_degree": 4}, roots["hybrid"]["sharded"], "sharded")})
