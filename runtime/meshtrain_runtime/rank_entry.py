@@ -98,6 +98,9 @@ def run_entry_point(script: str, args: list[str]) -> int:
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
+        from meshtrain_runtime.compat import install_for_rank
+
+        install_for_rank()  # `import torch.sagemaker` for SMP jobs (docs/smp-compat.md)
         runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as exit_request:

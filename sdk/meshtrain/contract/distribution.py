@@ -67,6 +67,9 @@ class SMPParameters(_Strict):
     """FSDP groups free their gathered parameters after forward (True: less memory, one more
     all-gather per group in backward) or keep them until backward (False: faster, more memory);
     "auto" follows the sharding strategy (no for no_shard / shard_grad_op)."""
+    torch_sagemaker_alias: bool = True
+    """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
+    docs/smp-compat.md); False leaves the name unresolved."""
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:

@@ -1,0 +1,182 @@
+"""SMP's FSDP defaults: the script's FSDP call shards over SMP's hybrid-shard group.
+
+SMP v2 patches FSDP inside ``tsm.init()``; so does this module, reversibly:
+
+- FSDP1: ``FullyShardedDataParallel.__init__`` is wrapped (the class object itself, so names the
+  script imported before ``tsm.init`` see it). When the script passes neither ``process_group``
+  nor ``device_mesh``, the wrapper passes meshtrain's data-parallel submesh as ``device_mesh``:
+  the 1-D ``shard`` axis (one replica) or the 2-D ``(replicate, shard)`` axes (hybrid). Both are
+  children of the runtime's ``(replicate, shard, tp)`` mesh, so tensor-parallel DTensor
+  parameters made by ``tsm.transform`` are handled by torch's own FSDP + TP support (FSDP1's
+  DTensor extension, chosen because the FSDP mesh is not the root mesh). The sharding strategy
+  follows H0-H2 (contract §1.2, table in `resolve_strategy`). SMP's extra keyword
+  ``post_param_init_fn`` is accepted and run once on the module after wrapping. On a host
+  without CUDA ``device_id`` defaults to the CPU device (FSDP1 needs one there).
+- FSDP2: ``fully_shard(module)`` without ``mesh`` takes the same data-parallel submesh (the
+  default-mesh function inside torch's ``fully_shard`` is swapped while SMP is initialised).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+from meshtrain.errors import ConfigError
+from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.parallel.fsdp import data_parallel_mesh
+
+_FULL, _GRAD_OP = ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP
+_HYBRID, _HYBRID_ZERO2 = ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2
+_NO_SHARD = ShardingStrategy.NO_SHARD
+
+_original: dict[str, Callable[..., Any]] = {}
+
+
+def resolve_strategy(
+    requested: ShardingStrategy | None, shard_degree: int, replicate_degree: int
+) -> ShardingStrategy:
+    """The strategy FSDP1 runs with on SMP's group, from the script's request (None = unset).
+
+    | layout                   | unset / FULL / HYBRID / NO | SHARD_GRAD_OP / _ZERO2 |
+    | shard 1 (H1)             | NO_SHARD                   | NO_SHARD               |
+    | shard >= 2, 1 replica    | FULL_SHARD                 | SHARD_GRAD_OP          |
+    | shard >= 2, replicas (H2)| HYBRID_SHARD               | _HYBRID_SHARD_ZERO2    |
+
+    With one replica a hybrid strategy is the same as full sharding over the shard group.
+    """
+    if shard_degree == 1:
+        return _NO_SHARD
+    keeps_params = requested in (_GRAD_OP, _HYBRID_ZERO2)
+    if replicate_degree == 1:
+        return _GRAD_OP if keeps_params else _FULL
+    return _HYBRID_ZERO2 if keeps_params else _HYBRID
+
+
+@dataclass(frozen=True)
+class CompatMeshes:
+    """Meshes of SMP's flow, over the runtime's ranks (rank = (rep * shard + s) * tp + t).
+
+    - ``fsdp1``: what FSDP1 gets (None: FSDP1 cannot run this layout, see `fsdp1_refusal`);
+    - ``fsdp2``: what ``fully_shard`` without a mesh gets;
+    - ``tp``: the axis ``tsm.transform`` splits weights on (None without tensor parallelism).
+    """
+
+    fsdp1: DeviceMesh | None
+    fsdp2: DeviceMesh
+    tp: DeviceMesh | None
+
+
+def build_compat_meshes(st: runtime_state.RuntimeState) -> CompatMeshes:
+    """Build the meshes of `CompatMeshes` (collective: every rank calls it in ``tsm.init``)."""
+    rep, shard, tp, kind = st.replicate_degree, st.hybrid_shard_degree, st.tp_size, st.device.type
+    runtime_dp = st.mesh["replicate"] if shard == 1 else data_parallel_mesh(st.mesh, rep)
+    if tp > 1:
+        if rep > 1:  # FSDP2 only: the runtime's 3-D mesh carries HSDP + TP
+            return CompatMeshes(fsdp1=None, fsdp2=runtime_dp, tp=st.mesh["tp"])
+        root = init_device_mesh(kind, (shard, tp), mesh_dim_names=("shard", "tp"))
+        return CompatMeshes(fsdp1=root["shard"], fsdp2=root["shard"], tp=root["tp"])
+    if shard == 1:  # H1: no sharding; gradients all-reduced over the replicas
+        own = init_device_mesh(kind, (rep,), mesh_dim_names=("replicate",))
+    elif rep == 1:
+        own = init_device_mesh(kind, (shard,), mesh_dim_names=("shard",))
+    else:
+        own = init_device_mesh(kind, (rep, shard), mesh_dim_names=("replicate", "shard"))
+    return CompatMeshes(fsdp1=own, fsdp2=runtime_dp, tp=None)
+
+
+def fsdp1_refusal(st: runtime_state.RuntimeState) -> str:
+    return (
+        f"FSDP1 (FullyShardedDataParallel) with tensor_parallel_degree={st.tp_size} and "
+        f"{st.replicate_degree} replicas (hybrid_shard_degree={st.hybrid_shard_degree} < "
+        f"{st.world_size} ranks / tp {st.tp_size}) is not supported: torch's FSDP1 + tensor "
+        "parallelism recipe has one data-parallel axis, and its sharded checkpoints would be "
+        f"mislabelled. Use hybrid_shard_degree={st.world_size // st.tp_size} (0), or FSDP2: "
+        "fully_shard(block) / fully_shard(model) without a mesh."
+    )
+
+
+_meshes: CompatMeshes | None = None
+
+
+def compat_meshes() -> CompatMeshes:
+    if _meshes is None:
+        raise RuntimeError("SMP's meshes are built by tsm.init(); call it first.")
+    return _meshes
+
+
+def _fsdp1_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: FullyShardedDataParallel, module: torch.nn.Module, *args: Any,
+                 **kwargs: Any) -> None:
+        post_param_init_fn = kwargs.pop("post_param_init_fn", None)
+        if _meshes is not None and runtime_state.is_initialized() and not args:
+            kwargs = smp_fsdp1_kwargs(runtime_state.current(), kwargs)
+        original(self, module, *args, **kwargs)
+        if post_param_init_fn is not None:
+            post_param_init_fn(self.module)
+
+    __init__._meshtrain_smp_patch = True  # type: ignore[attr-defined]
+    return __init__
+
+
+def smp_fsdp1_kwargs(st: runtime_state.RuntimeState, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """FSDP1 keyword arguments with SMP's defaults filled in (the script's own group wins)."""
+    kwargs = dict(kwargs)
+    if kwargs.get("process_group") is None and kwargs.get("device_mesh") is None:
+        mesh = compat_meshes().fsdp1
+        if mesh is None:
+            raise ConfigError(fsdp1_refusal(st))
+        kwargs.pop("process_group", None)
+        kwargs["device_mesh"] = mesh
+        kwargs["sharding_strategy"] = resolve_strategy(
+            kwargs.get("sharding_strategy"), st.hybrid_shard_degree, st.replicate_degree
+        )
+    if kwargs.get("device_id") is None and st.device.type == "cpu":
+        kwargs["device_id"] = st.device
+    return kwargs
+
+
+def _default_fully_shard_mesh() -> DeviceMesh:
+    return compat_meshes().fsdp2
+
+
+def install_fsdp_defaults() -> None:
+    """Build SMP's meshes; patch FSDP1's constructor and FSDP2's default mesh (idempotent)."""
+    from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp2
+
+    global _meshes
+    _meshes = build_compat_meshes(runtime_state.current())
+    if "fsdp1" not in _original:
+        _original["fsdp1"] = FullyShardedDataParallel.__init__
+        FullyShardedDataParallel.__init__ = _fsdp1_init(_original["fsdp1"])
+    if "fsdp2" not in _original:
+        _original["fsdp2"] = fsdp2._init_default_mesh
+        fsdp2._init_default_mesh = _default_fully_shard_mesh
+
+
+def remove_fsdp_defaults() -> None:
+    """Undo `install_fsdp_defaults` (``tsm.state.reset()``)."""
+    from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp2
+
+    global _meshes
+    _meshes = None
+    if "fsdp1" in _original:
+        FullyShardedDataParallel.__init__ = _original.pop("fsdp1")
+    if "fsdp2" in _original:
+        fsdp2._init_default_mesh = _original.pop("fsdp2")
+
+
+__all__ = [
+    "CompatMeshes",
+    "build_compat_meshes",
+    "compat_meshes",
+    "install_fsdp_defaults",
+    "remove_fsdp_defaults",
+    "resolve_strategy",
+]

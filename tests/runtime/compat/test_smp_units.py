@@ -1,0 +1,131 @@
+"""SMP v2 compat pieces that need no process group: the alias, MoEConfig, strategy rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.fsdp import ShardingStrategy
+
+from meshtrain import ConfigError
+from meshtrain.contract.distribution import DistributionConfig
+from meshtrain_runtime.compat import alias_wanted
+from meshtrain_runtime.compat.smp._fsdp import resolve_strategy
+from meshtrain_runtime.compat.smp.checkpoint.utils import SORT_BY_LAST_INT, limit_num_subdirs
+from meshtrain_runtime.compat.smp.moe.moe_config import MoEConfig
+
+PROBE = Path(__file__).parent / "alias_probe.py"
+
+
+def run_probe(mp_parameters: dict | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "SM_HP_MP_PARAMETERS"}
+    if mp_parameters is not None:
+        env["SM_HP_MP_PARAMETERS"] = json.dumps(mp_parameters)
+    done = subprocess.run([sys.executable, "-m", "meshtrain_runtime.rank_entry", str(PROBE)],
+                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_rank_entry_installs_the_alias_for_smp_jobs_only():
+    smp = "meshtrain_runtime.compat.smp"
+    present = f"ALIAS=present {smp} {smp}.delayed_param"
+    assert present in run_probe({"hybrid_shard_degree": 1})
+    assert "ALIAS=absent (ModuleNotFoundError)" in run_probe(None)
+    assert "ALIAS=absent" in run_probe({"hybrid_shard_degree": 1, "torch_sagemaker_alias": False})
+
+
+def test_alias_wanted_follows_the_toolkit_rule():
+    assert alias_wanted({"SM_HP_MP_PARAMETERS": '{"tensor_parallel_degree": 2}'})
+    assert not alias_wanted({"SM_HP_MP_PARAMETERS": "{}"})
+    assert not alias_wanted({})
+    assert not alias_wanted({"SM_HP_MP_PARAMETERS": '{"torch_sagemaker_alias": false}'})
+
+
+def test_alias_key_is_a_validated_distribution_parameter():
+    dist = {"torch_distributed": {"enabled": True}, "smdistributed": {"modelparallel": {
+        "enabled": True, "parameters": {"torch_sagemaker_alias": False}}}}
+    assert DistributionConfig.from_dict(dist).smp.torch_sagemaker_alias is False
+    dist["smdistributed"]["modelparallel"]["parameters"] = {"torch_sagemaker_alias": "no"}
+    with pytest.raises(ConfigError, match="torch_sagemaker_alias"):
+        DistributionConfig.from_dict(dist)
+
+
+def test_install_makes_submodules_importable_and_uninstall_removes_them():
+    from meshtrain_runtime.compat import (
+        install_torch_sagemaker,
+        is_installed,
+        uninstall_torch_sagemaker,
+    )
+
+    install_torch_sagemaker()
+    try:
+        import torch.sagemaker.distributed.checkpoint.state_dict_saver as saver
+
+        assert saver.async_save.__module__ == "meshtrain_runtime.compat.smp.distributed." \
+            "checkpoint.state_dict_saver"
+        assert is_installed()
+    finally:
+        uninstall_torch_sagemaker()
+    assert not is_installed() and "torch.sagemaker" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        import torch.sagemaker  # noqa: F401
+
+
+def test_moe_config_sinkhorn_default_is_refused_with_the_supported_values():
+    with pytest.raises(ConfigError, match=r"'sinkhorn'.*'aux_loss', 'none'"):
+        MoEConfig()
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("smp_moe", False, "smp_moe=False"),
+    ("global_token_shuffle", True, "global_token_shuffle=True"),
+    ("moe_all_to_all_dispatcher", False, "moe_all_to_all_dispatcher=False"),
+    ("moe_load_balancing", "balanced", "'balanced'"),
+])
+def test_moe_config_refusals_name_the_field(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        MoEConfig(**{"moe_load_balancing": "aux_loss", field: value})
+
+
+def test_moe_config_honours_every_other_field():
+    config = MoEConfig(smp_moe=True, random_seed=3, moe_load_balancing="aux_loss",
+                       global_token_shuffle=False, moe_all_to_all_dispatcher=True,
+                       moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.002,
+                       use_cpu_initialization=True)
+    assert (config.random_seed, config.moe_aux_loss_coeff, config.moe_z_loss_coeff) == \
+        (3, 0.01, 0.002)
+    assert config.load_balancing_coeff == 0.01
+    assert MoEConfig(moe_load_balancing="none").load_balancing_coeff == 0.0
+
+
+S = ShardingStrategy
+
+
+@pytest.mark.parametrize(("requested", "shard", "replicas", "expected"), [
+    (None, 1, 4, S.NO_SHARD),                       # H1
+    (S.FULL_SHARD, 1, 2, S.NO_SHARD),
+    (None, 4, 1, S.FULL_SHARD),                     # H0: one replica = full sharding
+    (S.HYBRID_SHARD, 4, 1, S.FULL_SHARD),
+    (S.SHARD_GRAD_OP, 4, 1, S.SHARD_GRAD_OP),
+    (None, 2, 2, S.HYBRID_SHARD),                   # H2: overridden to hybrid
+    (S.FULL_SHARD, 2, 2, S.HYBRID_SHARD),
+    (S._HYBRID_SHARD_ZERO2, 2, 2, S._HYBRID_SHARD_ZERO2),  # H2: ZeRO-2 hybrid kept
+])
+def test_strategy_rules(requested, shard, replicas, expected):
+    assert resolve_strategy(requested, shard, replicas) is expected
+
+
+def test_limit_num_subdirs_keeps_the_newest(tmp_path):
+    for step in (2, 10, 4):
+        (tmp_path / f"llama-{step}steps").mkdir()
+    (tmp_path / "other").mkdir()
+    removed = limit_num_subdirs(str(tmp_path / "llama-10steps"), 2, sort_fn=SORT_BY_LAST_INT,
+                                regex=r"^.*\d+steps$", log=False)
+    assert [Path(p).name for p in removed] == ["llama-2steps"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama-10steps", "llama-4steps", "other"]
