@@ -6,7 +6,7 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``init(config=None)``, ``state``, ``is_initialized()``, ``reset()`` — meshtrain_runtime.state
 - ``transform(model, ...)`` — meshtrain_runtime.parallelize (named apart from the function,
   so importing the module never rebinds the package attribute ``transform``)
-- ``clip_grad_norm_(model, max_norm)`` — meshtrain_runtime.grad
+- ``clip_grad_norm_(model, max_norm)``, ``grad_scaler()`` — meshtrain_runtime.grad
 - ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
 - ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
 """
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from meshtrain_runtime import state
     from meshtrain_runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from meshtrain_runtime.data import build_sampler, shard_dataset
-    from meshtrain_runtime.grad import clip_grad_norm_
+    from meshtrain_runtime.grad import clip_grad_norm_, grad_scaler
     from meshtrain_runtime.parallelize import transform
     from meshtrain_runtime.state import init, is_initialized, reset
 
@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "state": ("meshtrain_runtime.state", None),
     "transform": ("meshtrain_runtime.parallelize", "transform"),
     "clip_grad_norm_": ("meshtrain_runtime.grad", "clip_grad_norm_"),
+    "grad_scaler": ("meshtrain_runtime.grad", "grad_scaler"),
     "shard_dataset": ("meshtrain_runtime.data", "shard_dataset"),
     "build_sampler": ("meshtrain_runtime.data", "build_sampler"),
     "save_checkpoint": ("meshtrain_runtime.checkpoint", "save_checkpoint"),
@@ -44,6 +45,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "build_sampler",
     "clip_grad_norm_",
+    "grad_scaler",
     "init",
     "is_initialized",
     "latest_checkpoint",
