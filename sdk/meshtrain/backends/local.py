@@ -193,6 +193,16 @@ class LocalTrainingJob(TrainingJob):
     def _supervisor_alive(self) -> bool:
         return self._supervisor_pid() is not None
 
+    def _supervisor_gone(self, checks: int = 3) -> bool:
+        """Not alive at `checks` looks POLL_SECONDS apart: between fork and exec a just-started
+        supervisor still has its parent's environment (no token) and looks like a stranger."""
+        for check in range(checks):
+            if self._supervisor_alive():
+                return False
+            if check < checks - 1:
+                time.sleep(POLL_SECONDS)
+        return True
+
     def _record_end(self, **changes: Any) -> dict[str, Any]:
         """Record a terminal status the supervisor could not (never raises on a full disk)."""
         try:
@@ -209,9 +219,8 @@ class LocalTrainingJob(TrainingJob):
 
     def describe(self) -> dict[str, Any]:
         status = self.job_dir.read_status()
-        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and not self._supervisor_alive():
-            time.sleep(POLL_SECONDS)  # it may have finished between the two reads
-            status = self.job_dir.read_status()
+        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._supervisor_gone():
+            status = self.job_dir.read_status()  # it may have finished between the two reads
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
                 status = self._record_end_of_dead_supervisor()
         spec = self.job_dir.read_spec()
