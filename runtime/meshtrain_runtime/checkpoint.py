@@ -93,7 +93,7 @@ def save_checkpoint(
     """
     wait_for_pending_save()
     target = _resolve_save_dir(path, step)
-    record = _marker_record(step, extra, optimizer is not None)
+    record = marker_record(step, extra, optimizer is not None)
     root = None if step is None else target.parent
     _check_keep_last(keep_last, step)
     if _rank() == 0:
@@ -169,7 +169,7 @@ def _complete(target: Path, record: dict[str, Any], root: Path | None,
     """Rank 0, after every rank's files are written: the marker, then pruning."""
     if _rank() != 0:
         return
-    _write_atomically(target / MARKER_NAME, json.dumps(record, indent=2))
+    write_marker(target, record)
     if root is not None and keep_last is not None:
         prune_checkpoints(root, keep_last, newest=record["step"])
 
@@ -282,8 +282,16 @@ def _resolve_save_dir(path: PathLike | None, step: int | None) -> Path:
     return target
 
 
-def _marker_record(step: int | None, extra: dict[str, Any] | None,
-                   has_optimizer: bool) -> dict[str, Any]:
+def write_marker(directory: Path, record: dict[str, Any]) -> None:
+    """Say that `directory` is a complete checkpoint (atomically: never half a marker).
+
+    Call once every rank's files are on disk; `record` comes from `marker_record`."""
+    _write_atomically(Path(directory) / MARKER_NAME, json.dumps(record, indent=2))
+
+
+def marker_record(step: int | None, extra: dict[str, Any] | None,
+                  has_optimizer: bool) -> dict[str, Any]:
+    """What the marker holds: step, extra, whether an optimizer was saved, the world size."""
     if extra is not None and not isinstance(extra, dict):
         raise ConfigError(f"save_checkpoint(extra=...) takes a dict, got {type(extra).__name__}.")
     record = {"format": FORMAT_VERSION, "step": step, "extra": extra or {},

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +9,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
-from meshtrain_runtime.checkpoint import FORMAT_VERSION, MARKER_NAME
+from meshtrain_runtime.checkpoint import marker_record, write_marker
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     check_local,
     group_coordinator,
@@ -71,13 +69,7 @@ def mark_completed(directory: str, *, has_optimizer: bool) -> None:
 
     Written after DCP's final gather, i.e. once every rank of the group wrote its files.
     """
-    record = {"format": FORMAT_VERSION, "step": None, "extra": {},
-              "has_optimizer": has_optimizer,
-              "world_size": dist.get_world_size() if dist.is_initialized() else 1}
-    path = Path(directory) / MARKER_NAME
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(record, indent=2))
-    os.replace(temporary, path)
+    write_marker(Path(directory), marker_record(None, None, has_optimizer))
 
 
 def async_save(
