@@ -215,7 +215,7 @@ import boto3
 import matplotlib.pyplot as plt
 
 from meshtrain import Estimator
-from meshtrain.backends.sagemaker_metrics import metric_definitions
+from meshtrain.backends.sagemaker.metrics import metric_definitions
 ''' + JOB_OUTPUT + '''
 endpoint = os.environ.get("AWS_ENDPOINT_URL")   # unset for real AWS
 role = os.environ["SAGEMAKER_ROLE"]         # an IAM role SageMaker can assume

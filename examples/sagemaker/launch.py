@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from meshtrain import Estimator
-from meshtrain.backends.sagemaker_metrics import metric_definitions
+from meshtrain.backends.sagemaker.metrics import metric_definitions
 from meshtrain.plan import gpus_per_instance
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from meshtrain.backends import Backend, backend_for
+from meshtrain.backends import Backend
 from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.contract.support import degenerate_layout_notes
@@ -34,6 +34,7 @@ from meshtrain.estimator_values import (
 )
 from meshtrain.job import TrainingJob
 from meshtrain.naming import check_job_name, name_from_base
+from meshtrain.targets import backend_named, resolve_target
 
 DEFAULT_BASE_JOB_NAME = "meshtrain"
 
@@ -82,14 +83,15 @@ class Estimator:
         plan_options: dict[str, Any] | None = None,
         **backend_options: Any,
     ) -> None:
-        self.backend_options = check_backend_options(instance_type, backend_options,
+        self.target = resolve_target(instance_type)
+        self.backend_options = check_backend_options(self.target, backend_options,
                                                      _own_arguments())
         self.source_dir, self.entry_point = check_entry_point(entry_point, source_dir)
         self.hyperparameters = check_hyperparameters(
             {} if hyperparameters is None else hyperparameters)
         self.instance_type, self.instance_count = instance_type, instance_count
         self.distribution_config, self.world_size, degrees = check_cluster(
-            distribution, instance_type, instance_count, self.entry_point)
+            distribution, self.target, instance_count, self.entry_point)
         self.distribution = inline_parameters(distribution, self.distribution_config)
         self._layout_notes = (degenerate_layout_notes(self.distribution_config.smp, degrees)
                               if degrees else [])
@@ -98,7 +100,7 @@ class Estimator:
                                checkpoint_s3_uri=checkpoint_s3_uri,
                                checkpoint_local_path=checkpoint_local_path,
                                framework_version=framework_version, py_version=py_version)
-        if instance_type in ("local", "local_gpu"):
+        if self.target.on_this_machine:
             check_writable_path("output_path", output_path)
             check_writable_path("checkpoint_local_path", checkpoint_local_path)
         self.role, self.image_uri, self.output_path = role, image_uri, output_path
@@ -130,7 +132,7 @@ class Estimator:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = backend_for(self.instance_type, **self.backend_options)
+            self._backend = self.target.backend(**self.backend_options)
         return self._backend
 
     def build_spec(self, inputs: Any = None, job_name: str | None = None) -> JobSpec:
@@ -207,7 +209,7 @@ class Estimator:
         if local.job_directory(training_job_name).spec_file.exists():
             backend: Backend = local
         else:
-            backend = backend_for("ml.attach", **backend_options)
+            backend = backend_named("sagemaker", **backend_options)
         spec = backend.load_spec(training_job_name)
         estimator = cls.from_spec(spec, **backend_options)
         estimator._backend = backend

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,41 +17,13 @@ from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.support import check_build_support, check_cpu_offload
 from meshtrain.errors import ConfigError
+from meshtrain.targets import TARGET_KINDS, Target, known_options, local_cores, local_gpu_count
 
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
-LOCAL_OPTIONS = frozenset({"jobs_dir"})
-LOCAL_TYPES = ("local", "local_gpu")
 RANKS_PER_CORE = 4
 """Local jobs: at most this many ranks per CPU core of this machine. Each rank is a Python
 process holding torch (~300 MB); beyond a few per core a job only thrashes, and a typo such as
 instance_count=10000 would otherwise write thousands of host folders before failing."""
-
-
-def local_gpu_count() -> int:
-    """GPUs visible on this machine (nvidia-smi), without importing torch."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def local_cores() -> int:
-    """CPU cores this process may run on (its affinity, not the machine's total)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-
-
-def gpus_per_host(instance_type: str) -> int:
-    if instance_type.startswith("ml."):
-        try:
-            from meshtrain.plan.instances import gpus_per_instance
-        except ImportError:  # the planner's instance table is optional here
-            return 1
-        return gpus_per_instance(instance_type)
-    return local_gpu_count() if instance_type == "local_gpu" else 0
 
 
 def _check_local_ranks(instance_count: int, per_host: int) -> None:
@@ -70,26 +40,23 @@ def _check_local_ranks(instance_count: int, per_host: int) -> None:
 
 
 def check_cluster(
-    distribution: Any, instance_type: Any, instance_count: Any, entry_point: str
+    distribution: Any, target: Target, instance_count: Any, entry_point: str
 ) -> tuple[DistributionConfig, int, ResolvedDegrees | None]:
     """Validate the distribution against the cluster: (config, world size, resolved degrees)."""
-    if not isinstance(instance_type, str) or not instance_type:
-        raise ConfigError("instance_type must be a string such as 'local' or 'ml.p4d.24xlarge'.")
-    if instance_type not in LOCAL_TYPES and not instance_type.startswith("ml."):
-        raise ConfigError(
-            f"instance_type={instance_type!r} is not a known target."
-            f"{did_you_mean(instance_type, LOCAL_TYPES)} Use 'local' (processes on this "
-            "machine), 'local_gpu', or an Amazon SageMaker type such as 'ml.p4d.24xlarge'.")
     if isinstance(instance_count, bool) or not isinstance(instance_count, int) or (
             instance_count < 1):
         raise ConfigError(f"instance_count must be a positive int, got {instance_count!r}.")
+    max_hosts = target.kind.max_hosts
+    if max_hosts is not None and instance_count > max_hosts:
+        raise ConfigError(f"instance_type={target.instance_type!r} runs {max_hosts} host(s): set "
+                          f"instance_count={max_hosts} (got {instance_count}), or use 'local' "
+                          "for several hosts on this machine.")
     config = DistributionConfig.from_dict(distribution)
     if config.torch_distributed.enabled and not entry_point.endswith(".py"):
         raise ConfigError("torch_distributed runs Python programs only: entry_point must be a "
                           f"*.py file, got {entry_point!r}.")
-    gpus = gpus_per_host(instance_type)
-    per_host = config.processes_per_host(gpus)
-    if instance_type in LOCAL_TYPES:
+    per_host = config.processes_per_host(target.gpus_per_host)
+    if target.on_this_machine:
         _check_local_ranks(instance_count, per_host)
     world = instance_count * per_host
     degrees = None
@@ -98,7 +65,7 @@ def check_cluster(
                                   world_description=f"{instance_count} hosts x {per_host} "
                                                     "processes")
         check_build_support(config.smp, degrees.tensor_parallel_degree)
-        if instance_type in LOCAL_TYPES:
+        if target.on_this_machine:
             check_cpu_offload(config.smp.cpu_offload, "cuda" if local_gpu_count() else "cpu")
     return config, world, degrees
 
@@ -187,29 +154,28 @@ def check_writable_path(name: str, value: str | None) -> None:
 
 
 def check_backend_options(
-    instance_type: str, options: dict[str, Any], own_arguments: Iterable[str]
+    target: Target, options: dict[str, Any], own_arguments: Iterable[str]
 ) -> dict[str, Any]:
     """Backend-specific keywords: a typo is a ConfigError with a did-you-mean, never dropped."""
-    from meshtrain.backends.sagemaker_options import OPTION_NAMES, build_options
-
-    sagemaker_only = {*OPTION_NAMES, "sagemaker_session"}
     own = list(own_arguments)
-    for name in sorted(set(options) - LOCAL_OPTIONS - sagemaker_only):
-        hint = did_you_mean(name, own) or did_you_mean(name, [*LOCAL_OPTIONS, *sagemaker_only])
+    every_option = known_options()
+    for name in sorted(set(options) - every_option):
+        hint = did_you_mean(name, own) or did_you_mean(name, every_option)
         raise ConfigError(f"Estimator got an unexpected keyword argument {name!r}.{hint} "
                           f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local) "
                           "and the SageMaker SDK's session options (ml.* types).")
-    if isinstance(instance_type, str) and instance_type.startswith("ml."):
-        if "jobs_dir" in options:
-            raise ConfigError("jobs_dir is where local jobs live; it means nothing for "
-                              f"instance_type={instance_type!r}. Remove it.")
+    foreign = sorted(set(options) - target.options)
+    if foreign:
+        owners = sorted({kind.title for kind in TARGET_KINDS if set(foreign) & kind.options()})
+        takes = ", ".join(sorted(target.options)) or "none"
+        raise ConfigError(f"argument(s) {', '.join(foreign)} are {' / '.join(owners)} options, "
+                          f"not honoured by {target.kind.title} jobs (instance_type="
+                          f"{target.instance_type!r} takes: {takes}). Remove them, or choose an "
+                          "instance_type they belong to.")
+    if target.name == "sagemaker":
+        from meshtrain.backends.sagemaker.options import build_options
+
         build_options(**options)  # checks values; starts no session and sends no request
-        return dict(options)
-    remote = sorted(set(options) & sagemaker_only)
-    if remote:
-        raise ConfigError(f"argument(s) {', '.join(remote)} are SageMaker options, not honoured "
-                          f"by local jobs (instance_type={instance_type!r}). Remove them, or "
-                          "run on SageMaker (an ml.* instance_type).")
     jobs_dir = options.get("jobs_dir")
     if jobs_dir is not None:
         if not isinstance(jobs_dir, str | os.PathLike) or not str(jobs_dir) or "\x00" in str(

@@ -21,7 +21,7 @@ import pytest
 
 from meshtrain import Estimator, JobFailedError
 from meshtrain.backends.local import LocalBackend
-from meshtrain.backends.local_artifacts import _write_tar
+from meshtrain.backends.local.artifacts import _write_tar
 from meshtrain.job import TERMINAL_STATUSES
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -8,7 +8,7 @@ import pytest
 from meshtrain import ConfigError, Estimator
 from meshtrain.contract import support
 from meshtrain.contract.distribution import SMPParameters
-from meshtrain.estimator_checks import local_gpu_count
+from meshtrain.targets import local_gpu_count
 
 
 @pytest.fixture

@@ -399,7 +399,7 @@ ML_CASES = {
     "ml-role-int": ({"role": 5}, {}, "role must be"),
     "ml-instance-typ": ({"instance_typ": "ml.p4d.24xlarge"}, {}, "Did you mean 'instance_type'"),
     "ml-subnet-typo": ({"subnet": ["s-1"]}, {}, "Did you mean 'subnets'"),
-    "ml-jobs-dir": ({"jobs_dir": "/tmp/x"}, {}, "jobs_dir is where local jobs live"),
+    "ml-jobs-dir": ({"jobs_dir": "/tmp/x"}, {}, "local options, not honoured by SageMaker jobs"),
     "ml-channel-dotdot": ({}, {"inputs": {"..": "s3://bucket/data"}}, "'..'"),
     "ml-cp": ({"distribution": smp(ppn=None, context_parallel_degree=2)}, {}, "not available"),
     "ml-sp": ({"distribution": smp(ppn=None, sequence_parallel=True)}, {},

@@ -7,7 +7,7 @@ import pytest
 from sagemaker_moto import DEFAULT_BUCKET, ROLE
 
 from meshtrain import ConfigError, Estimator
-from meshtrain.backends.sagemaker_job import SageMakerTrainingJob
+from meshtrain.backends.sagemaker.job import SageMakerTrainingJob
 
 IMAGE = "pytorch-training:2.5.1-gpu-py311"
 SMP = {"torch_distributed": {"enabled": True},

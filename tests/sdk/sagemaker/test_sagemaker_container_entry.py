@@ -21,7 +21,7 @@ import pytest
 from sagemaker_moto import REGION, ROLE
 
 from meshtrain import Estimator
-from meshtrain.backends.sagemaker_metrics import metric_definitions
+from meshtrain.backends.sagemaker.metrics import metric_definitions
 from meshtrain.contract.metrics import STANDARD_METRICS
 
 TRAIN = Path(__file__).resolve().parents[3] / "containers" / "train"

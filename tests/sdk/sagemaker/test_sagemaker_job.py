@@ -17,7 +17,7 @@ from sagemaker_moto import DEFAULT_BUCKET, ROLE, sagemaker_backend
 
 from meshtrain import Estimator, JobFailedError
 from meshtrain.backends.sagemaker import SageMakerBackend
-from meshtrain.backends.sagemaker_logs import LOG_GROUP
+from meshtrain.backends.sagemaker.logs import LOG_GROUP
 
 IMAGE = "pytorch-training:2.5.1-gpu-py311"
 SMP = {"torch_distributed": {"enabled": True, "processes_per_host": 8},

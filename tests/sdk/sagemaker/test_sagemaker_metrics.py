@@ -7,7 +7,7 @@ import re
 import pytest
 
 from meshtrain import ConfigError
-from meshtrain.backends.sagemaker_metrics import metric_definitions
+from meshtrain.backends.sagemaker.metrics import metric_definitions
 from meshtrain_runtime.metrics import format_metric_line, log_metric, log_metrics
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from meshtrain import ConfigError
-from meshtrain.backends.sagemaker_options import build_options
-from meshtrain.backends.sagemaker_request import (
+from meshtrain.backends.sagemaker.options import build_options
+from meshtrain.backends.sagemaker.request import (
     RequestContext,
     build_training_request,
     code_uri_for,
 )
-from meshtrain.backends.sagemaker_spec import spec_from_description
+from meshtrain.backends.sagemaker.spec import spec_from_description
 from meshtrain.contract.jobspec import JobSpec
 
 CTX = RequestContext(region="us-west-2", role_arn="arn:aws:iam::111122223333:role/R",

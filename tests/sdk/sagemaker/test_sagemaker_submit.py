@@ -17,7 +17,7 @@ from sagemaker_moto import DEFAULT_BUCKET, REGION, ROLE, sagemaker_backend
 
 import meshtrain
 from meshtrain import ConfigError, Estimator
-from meshtrain.backends.sagemaker_metrics import metric_definitions, with_standard_definitions
+from meshtrain.backends.sagemaker.metrics import metric_definitions, with_standard_definitions
 from meshtrain.contract.metrics import STANDARD_METRICS
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -20,21 +20,21 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from meshtrain.backends.sagemaker_checks import (
+from meshtrain.backends.sagemaker.checks import (
     ROLE_ARN,
     check_training_job,
     parse_s3_uri,
     resolve_image_uri,
 )
-from meshtrain.backends.sagemaker_job import SageMakerTrainingJob
-from meshtrain.backends.sagemaker_options import SageMakerOptions, build_options
-from meshtrain.backends.sagemaker_request import (
+from meshtrain.backends.sagemaker.job import SageMakerTrainingJob
+from meshtrain.backends.sagemaker.options import SageMakerOptions, build_options
+from meshtrain.backends.sagemaker.request import (
     RequestContext,
     build_training_request,
     code_uri_for,
     default_output_path,
 )
-from meshtrain.backends.sagemaker_spec import spec_from_description
+from meshtrain.backends.sagemaker.spec import spec_from_description
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.errors import ConfigError

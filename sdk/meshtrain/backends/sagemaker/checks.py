@@ -10,8 +10,8 @@ import os
 import re
 from typing import Any
 
-from meshtrain.backends.sagemaker_options import SageMakerOptions
-from meshtrain.backends.sagemaker_request import code_uri_for, submit_directory
+from meshtrain.backends.sagemaker.options import SageMakerOptions
+from meshtrain.backends.sagemaker.request import code_uri_for, submit_directory
 from meshtrain.contract.degrees import resolve_degrees
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.errors import ConfigError
@@ -149,7 +149,7 @@ def check_metric_definitions(definitions: list[Any]) -> None:
         if not ok or not 1 <= len(item["Name"]) <= 255 or not 1 <= len(item["Regex"]) <= 500:
             raise ConfigError(f"metric definition {item!r} must be {{'Name': <1-255 chars>, "
                               "'Regex': <1-500 chars>}; meshtrain_runtime's log_metric lines "
-                              "are matched by meshtrain.backends.sagemaker_metrics."
+                              "are matched by meshtrain.backends.sagemaker.metrics."
                               "metric_definitions('name', ...).")
         try:
             re.compile(item["Regex"])

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from meshtrain.backends.sagemaker_metrics import with_standard_definitions
-from meshtrain.backends.sagemaker_options import SageMakerOptions
+from meshtrain.backends.sagemaker.metrics import with_standard_definitions
+from meshtrain.backends.sagemaker.options import SageMakerOptions
 from meshtrain.contract.jobspec import JobSpec
 
 # With network isolation the code arrives through the "code" channel (SDK

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshtrain.backends.sagemaker_request import CODE_CHANNEL, NETWORK_ISOLATION_SUBMIT_DIRECTORY
+from meshtrain.backends.sagemaker.request import CODE_CHANNEL, NETWORK_ISOLATION_SUBMIT_DIRECTORY
 from meshtrain.contract.hyperparameters import decode_hyperparameters, split_hyperparameters
 from meshtrain.contract.jobspec import DEFAULT_CONTAINER_LOG_LEVEL, JobSpec
 

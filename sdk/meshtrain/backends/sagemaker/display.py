@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from meshtrain.backends.sagemaker_logs import LogEvent, stream_order
+from meshtrain.backends.sagemaker.logs import LogEvent, stream_order
 
 HOST_STYLES = ("cyan", "green", "magenta", "yellow", "blue", "red")
 

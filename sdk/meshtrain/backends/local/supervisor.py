@@ -1,6 +1,6 @@
 """The process that runs one local job: starts every host, watches them, ends them cleanly.
 
-Started detached by the local backend (``python -m meshtrain.backends.local_supervisor DIR``) so a
+Started detached by the local backend (``python -m meshtrain.backends.local.supervisor DIR``) so a
 job outlives the client that submitted it, as a SageMaker job does. It merges host output into
 job.log, stops the other hosts when one fails, enforces max_run, packs model.tar.gz and
 output.tar.gz, and records the outcome in status.json.
@@ -24,9 +24,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-from meshtrain.backends.local_artifacts import package_artifacts
-from meshtrain.backends.local_layout import JobDirectory
-from meshtrain.backends.processes import kill_job_processes, terminate_groups
+from meshtrain.backends.local.artifacts import package_artifacts
+from meshtrain.backends.local.layout import JobDirectory
+from meshtrain.backends.local.processes import kill_job_processes, terminate_groups
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
     HOST_RECORD,

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from meshtrain.backends.local_artifacts import output_location
-from meshtrain.backends.local_layout import JobDirectory, default_jobs_dir, local_path, prepare_host
-from meshtrain.backends.processes import carries_token, kill_job_processes, pids_of_job
+from meshtrain.backends.local.artifacts import output_location
+from meshtrain.backends.local.layout import JobDirectory, default_jobs_dir, local_path, prepare_host
+from meshtrain.backends.local.processes import carries_token, kill_job_processes, pids_of_job
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.jobspec import JobSpec
@@ -42,9 +42,6 @@ class LocalBackend:
         return JobDirectory(self.jobs_dir / job_name)
 
     def validate(self, spec: JobSpec) -> None:
-        if spec.instance_type == "local_gpu" and spec.instance_count > 1:
-            raise ConfigError("instance_type='local_gpu' runs one host: set instance_count=1 "
-                              "(as SageMaker local mode requires).")
         if spec.source_dir.startswith("s3://"):
             raise ConfigError(f"source_dir={spec.source_dir}: local jobs pack a local directory "
                               "or script. Download and unpack the tarball, or run on SageMaker.")
@@ -147,7 +144,7 @@ def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str) -> None:
     env = {**os.environ, MESHTRAIN_JOB_NAME: job_name, MESHTRAIN_JOB_TOKEN: token}
     with open(job_dir.root / "supervisor.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "meshtrain.backends.local_supervisor", str(job_dir.root)],
+            [sys.executable, "-m", "meshtrain.backends.local.supervisor", str(job_dir.root)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )

@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
-from meshtrain.backends.sagemaker_display import make_display, secondary_status_lines
-from meshtrain.backends.sagemaker_logs import CloudWatchLogReader
+from meshtrain.backends.sagemaker.display import make_display, secondary_status_lines
+from meshtrain.backends.sagemaker.logs import CloudWatchLogReader
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 
 LOG_TYPES = {True: "All", False: "None", "All": "All", "None": "None", "Training": "All",
