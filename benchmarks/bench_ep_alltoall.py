@@ -172,7 +172,7 @@ def main() -> None:
     args = parse_args()
     if "RANK" not in os.environ:  # re-launch under torchrun, one process per rank
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={args.ranks}", "-m", "meshtrain_runtime.rank_entry",
+                   f"--nproc-per-node={args.ranks}", "-m", "meshtrain_runtime.host.rank_entry",
                    os.path.abspath(__file__), *sys.argv[1:]]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         sys.exit(subprocess.run(command, env=env, timeout=1800).returncode)

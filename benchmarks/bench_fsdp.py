@@ -44,7 +44,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Start this file on `--ranks` processes under meshtrain's rank entry (clean exits)."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={args.ranks}", "-m", "meshtrain_runtime.rank_entry",
+        f"--nproc-per-node={args.ranks}", "-m", "meshtrain_runtime.host.rank_entry",
         str(Path(__file__).resolve()), *argv, "--worker",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

@@ -239,7 +239,7 @@ def rank_main(args: argparse.Namespace) -> None:
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Start this script on `--tp` local ranks through torchrun and meshtrain's rank entry."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={args.tp}", "-m", "meshtrain_runtime.rank_entry",
+               f"--nproc-per-node={args.tp}", "-m", "meshtrain_runtime.host.rank_entry",
                os.path.abspath(__file__), *argv]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     try:

@@ -43,7 +43,7 @@ def environment() -> dict[str, str]:
 def torchrun(ranks: int, script: Path, args: list[str], timeout: int) -> str:
     """Run `script` on `ranks` local processes; return stdout (raises on failure)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={ranks}", "-m", "meshtrain_runtime.rank_entry",
+               f"--nproc-per-node={ranks}", "-m", "meshtrain_runtime.host.rank_entry",
                str(script), *args]
     done = subprocess.run(command, env=environment(), capture_output=True, text=True,
                           timeout=timeout, check=False)

@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
-from meshtrain.errors import ConfigError
 from meshtrain_runtime.checkpoint_rng import restore_rng_states, save_rng_states
 
 MARKER_NAME = "meshtrain-checkpoint.json"

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.checkpoint import PathLike, _barrier, _check_local, _rank
 
 

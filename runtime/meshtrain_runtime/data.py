@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 
 def _dp_coordinates(dp_rank: int | None, dp_size: int | None) -> tuple[int, int]:

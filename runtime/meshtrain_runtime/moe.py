@@ -22,7 +22,6 @@ is averaged over the data-parallel ranks (which FSDP does).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract._messages import did_you_mean
+from meshtrain.contract.errors import ConfigError
 
 SUPPORTED_LOAD_BALANCING = ("aux_loss", "none")
 _SMP_ONLY_LOAD_BALANCING = ("sinkhorn", "balanced")
@@ -105,11 +105,10 @@ def _check_load_balancing(value: object) -> None:
             f"MoEConfig moe_load_balancing={value!r} is an SMP option meshtrain does not "
             f"support. Use one of {', '.join(map(repr, SUPPORTED_LOAD_BALANCING))}."
         )
-    close = difflib.get_close_matches(str(value), SUPPORTED_LOAD_BALANCING, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(
         f"MoEConfig moe_load_balancing={value!r} is unknown; use one of "
-        f"{', '.join(map(repr, SUPPORTED_LOAD_BALANCING))}.{hint}"
+        f"{', '.join(map(repr, SUPPORTED_LOAD_BALANCING))}."
+        f"{did_you_mean(str(value), SUPPORTED_LOAD_BALANCING)}"
     )
 
 

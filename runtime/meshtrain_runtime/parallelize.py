@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.support import check_build_support
-from meshtrain.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.delayed_init import (
     InitFn,

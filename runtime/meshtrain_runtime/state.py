@@ -28,7 +28,7 @@ from meshtrain.contract import ResolvedDegrees, SMPParameters, parse_smp_paramet
 from meshtrain.contract import resolve_degrees as resolve_contract_degrees
 from meshtrain.contract.distribution import read_parameters_file
 from meshtrain.contract.env import SM_HOST_COUNT, SM_HP_MP_PARAMETERS
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 MESH_AXES = ("replicate", "shard", "tp")
 EXPERT_MESH_AXES = ("replicate", "shard_mod_ep", "ep")

@@ -1,6 +1,6 @@
 """meshtrain: a SageMaker-style training SDK with an open model-parallel runtime."""
 
-from meshtrain.errors import ConfigError, JobFailedError
+from meshtrain.contract.errors import ConfigError, JobFailedError
 
 __all__ = ["ConfigError", "Estimator", "JobFailedError", "TrainingJob"]
 __version__ = "0.1.0"

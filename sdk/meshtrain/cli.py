@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from meshtrain.cli_jobs import add_job_commands
-from meshtrain.errors import ConfigError, JobFailedError
+from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.plan.cli import register as register_plan
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.cli_views import add_view_commands, plot_job, print_logs
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 
 LIST_LIMIT = 50

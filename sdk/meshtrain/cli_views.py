@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 
 FOLLOW_POLL_SECONDS = 0.5

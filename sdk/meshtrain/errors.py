@@ -1,17 +1,5 @@
-"""The exceptions meshtrain raises to its users."""
+"""The exceptions meshtrain raises to its users (defined in the contract, which the hosts share)."""
 
-from __future__ import annotations
+from meshtrain.contract.errors import ConfigError, JobFailedError
 
-
-class ConfigError(ValueError):
-    """A user mistake found before a job starts: the message names the key and the fix."""
-
-
-class JobFailedError(RuntimeError):
-    """A training job ended in failure; the message holds the host's failure reason."""
-
-    def __init__(self, job_name: str, reason: str, *, status: str = "Failed") -> None:
-        self.job_name = job_name
-        self.reason = reason
-        self.status = status
-        super().__init__(f"Training job {job_name} {status.lower()}. Reason: {reason}")
+__all__ = ["ConfigError", "JobFailedError"]

@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from meshtrain.backends import Backend
 from meshtrain.contract._messages import arguments_error_from
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.contract.support import degenerate_layout_notes
-from meshtrain.errors import ConfigError
 from meshtrain.estimator_checks import (
     check_backend_options,
     check_cluster,

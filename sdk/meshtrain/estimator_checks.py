@@ -15,8 +15,8 @@ from typing import Any
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.support import check_build_support, check_cpu_offload
-from meshtrain.errors import ConfigError
 from meshtrain.targets import TARGET_KINDS, Target, known_options, local_cores, local_gpu_count
 
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")

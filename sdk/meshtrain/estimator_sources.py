@@ -13,7 +13,7 @@ from pathlib import Path
 
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.archive import EXCLUDED_DIRS, EXCLUDED_SUFFIXES
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 MAX_SOURCE_BYTES = 256 * 1024 * 1024
 """What source_dir (plus dependencies) may hold: code, not data. Data goes in fit() channels."""

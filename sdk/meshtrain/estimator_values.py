@@ -13,8 +13,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from meshtrain.contract import hyperparameters as hp
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.hyperparameters import SAGEMAKER_RESERVED
-from meshtrain.errors import ConfigError
 
 HYPERPARAMETER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,255}$")
 ENV_KEY_PATTERN = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,511}$")
@@ -30,8 +31,8 @@ of SM_TRAINING_ENV (paths, channels, resource config)."""
 MAX_ENVIRONMENT_BYTES = MAX_ARG_STRLEN
 """All `environment` entries together (the hosts' environment also carries the SM_* variables)."""
 INPUT_MODES = ("File", "Pipe", "FastFile")
-RESERVED_PREFIX = "sagemaker_"
-MP_PARAMETERS = "mp_parameters"
+RESERVED_PREFIX = hp.FRAMEWORK_PREFIX
+MP_PARAMETERS = hp.MP_PARAMETERS
 
 
 def _walk_value(name: str, value: Any) -> None:

@@ -8,7 +8,7 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-from meshtrain.errors import JobFailedError
+from meshtrain.contract.errors import JobFailedError
 
 TERMINAL_STATUSES = frozenset({"Completed", "Failed", "Stopped"})
 LIMIT_STATUSES = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.metrics import parse_metric_line
-from meshtrain.errors import ConfigError
 
 DEFAULT_METRICS = ("train:loss", "train:tokens_per_sec")
 _AXIS_LABELS = {"train:loss": "loss", "train:tokens_per_sec": "tokens/s", "train:tflops":

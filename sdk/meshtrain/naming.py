@@ -6,7 +6,7 @@ import re
 import secrets
 import time
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 JOB_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MAX_JOB_NAME = 63

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from meshtrain.contract._messages import did_you_mean
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 if TYPE_CHECKING:
     from meshtrain.backends import Backend

@@ -9,7 +9,7 @@ Usage (a test):
     def test_something(torchrun):
         records = torchrun(WORKERS / "hsdp_layouts.py", 4, "--flag", timeout=300)
 
-The worker runs on every rank under ``meshtrain_runtime.rank_entry`` (clean rank exit) with
+The worker runs on every rank under ``meshtrain_runtime.host.rank_entry`` (clean rank exit) with
 OMP_NUM_THREADS=1 and calls ``report({...})`` from tests/runtime/workers/report.py. The helper
 returns every record of every rank, ordered by rank then by call order; each has a "rank" key.
 """
@@ -47,7 +47,7 @@ def run_torchrun(
     with tempfile.TemporaryDirectory(prefix="meshtrain-torchrun-") as results:
         command = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "-m", "meshtrain_runtime.rank_entry",
+            f"--nproc-per-node={nproc}", "-m", "meshtrain_runtime.host.rank_entry",
             str(worker), *args,
         ]
         child_env = {**os.environ, "OMP_NUM_THREADS": "1", RESULTS_ENV: results, **(env or {})}

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 BlockSpec = Sequence[nn.Module] | type[nn.Module] | tuple[type[nn.Module], ...]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 _CXX = ("c++", "g++", "clang++")
 

@@ -31,7 +31,8 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract._messages import divisors_text
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.moe import (
     GroupedExperts,
     MoE,
@@ -217,10 +218,6 @@ def expert_parallel_modules(model: nn.Module) -> list[ExpertParallelExperts]:
 # ----------------------------------------------------------------------------- apply
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
 def _resolve_meshes(ep_mesh: DeviceMesh) -> tuple[DeviceMesh, Any]:
     """(the mesh tokens are dispatched over, the group router losses are summed over)."""
     if ep_mesh.ndim == 1:
@@ -258,7 +255,7 @@ def _check_divisible(name: str, num_experts: int, ep_degree: int) -> None:
             f"expert_parallel_degree={ep_degree} does not divide num_experts={num_experts} of "
             f"{name}: each EP rank holds num_experts / expert_parallel_degree = {num_experts} / "
             f"{ep_degree} = {num_experts / ep_degree:.2f} experts. Use expert_parallel_degree "
-            f"{_divisors(num_experts)} (it must also divide hybrid_shard_degree)."
+            f"{divisors_text(num_experts)} (it must also divide hybrid_shard_degree)."
         )
 
 

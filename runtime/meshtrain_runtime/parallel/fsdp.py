@@ -28,8 +28,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.support import check_cpu_offload
-from meshtrain.errors import ConfigError
 
 _PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None, None: None}
 

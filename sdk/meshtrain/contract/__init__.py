@@ -6,6 +6,7 @@ from meshtrain.contract.distribution import (
     SMPParameters,
     parse_smp_parameters,
 )
+from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.hyperparameters import (
     decode_hyperparameters,
     encode_hyperparameters,
@@ -16,7 +17,9 @@ from meshtrain.contract.jobspec import JobSpec, write_host_config
 from meshtrain.contract.paths import OptMLPaths
 
 __all__ = [
+    "ConfigError",
     "DistributionConfig",
+    "JobFailedError",
     "JobSpec",
     "OptMLPaths",
     "ResolvedDegrees",

@@ -7,13 +7,24 @@ from collections.abc import Iterable
 
 from pydantic import ValidationError
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ' Did you mean X?' suffix when `word` is close to one of `choices`, else ''."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def divisors(n: int) -> list[int]:
+    """Every positive divisor of `n`, ascending: the degrees a size of `n` can be split by."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def divisors_text(n: int) -> str:
+    """The divisors of `n` as a message lists them: ``"1, 2, 4 or 8"``."""
+    values = [str(d) for d in divisors(n)]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
 
 
 def _location(prefix: str, loc: tuple) -> str:

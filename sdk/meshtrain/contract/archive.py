@@ -10,7 +10,7 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 EXCLUDED_DIRS = frozenset({".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshtrain.contract._messages import divisors_text
 from meshtrain.contract.distribution import SMPParameters
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 _RESHARD_AFTER_FORWARD = {
     "full_shard": True,
@@ -47,13 +48,6 @@ class ResolvedDegrees:
         return (self.replicate_degree, self.hybrid_shard_degree, self.tensor_parallel_degree)
 
 
-def _divisors(n: int) -> str:
-    values = [d for d in range(1, n + 1) if n % d == 0]
-    return ", ".join(str(v) for v in values[:-1]) + (" or " if len(values) > 1 else "") + str(
-        values[-1]
-    )
-
-
 def resolve_degrees(
     params: SMPParameters,
     world_size: int,
@@ -74,14 +68,14 @@ def resolve_degrees(
         raise ConfigError(
             f"context_parallel_degree={cp} must divide the resolved hybrid_shard_degree={shard} "
             f"({where}): the context-parallel group is carved out of the sharding group. "
-            f"Use context_parallel_degree {_divisors(shard)}."
+            f"Use context_parallel_degree {divisors_text(shard)}."
         )
     ep = params.expert_parallel_degree
     if shard % ep:
         raise ConfigError(
             f"expert_parallel_degree={ep} must divide the resolved hybrid_shard_degree={shard} "
             f"({where}): experts are split within the sharding group. Use "
-            f"expert_parallel_degree {_divisors(shard)}, or a hybrid_shard_degree that is a "
+            f"expert_parallel_degree {divisors_text(shard)}, or a hybrid_shard_degree that is a "
             f"multiple of {ep}."
         )
     strategy = _resolve_strategy(params.sharding_strategy, shard, dp)
@@ -99,7 +93,7 @@ def resolve_degrees(
 def _check_divides(name: str, degree: int, world_size: int, where: str) -> int:
     if degree > world_size or world_size % degree:
         raise ConfigError(
-            f"{name}={degree} does not divide {where}. Use {_divisors(world_size)}."
+            f"{name}={degree} does not divide {where}. Use {divisors_text(world_size)}."
         )
     return degree
 
@@ -117,7 +111,7 @@ def _resolve_shard(
         tp_part = f" / tensor_parallel_degree={tp}" if tp > 1 else ""
         raise ConfigError(
             f"hybrid_shard_degree={hsd} does not divide the data-parallel size {dp} "
-            f"({where}{tp_part}). Use {_divisors(dp)}, or 0 for the largest possible."
+            f"({where}{tp_part}). Use {divisors_text(dp)}, or 0 for the largest possible."
         )
     return hsd
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 ShardingStrategy = Literal[
     "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"

@@ -48,3 +48,6 @@ MESHTRAIN_JOB_TOKEN = "MESHTRAIN_JOB_TOKEN"  # per-job unique token: marks every
 MESHTRAIN_HOST_WORK_DIR = "MESHTRAIN_HOST_WORK_DIR"  # torchrun logs, failure records
 MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks leave their traceback
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
+
+BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"
+"""What every backend runs in each host (``python -m``; the image's ``train`` does the same)."""

@@ -4,14 +4,63 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Removed from user hyperparameters by the toolkit (contract §3.2).
+if TYPE_CHECKING:
+    from meshtrain.contract.distribution import DistributionConfig
+
+# What the SDK adds for the job itself; the toolkit removes them from the user's (contract §3.2).
+PROGRAM = "sagemaker_program"
+SUBMIT_DIRECTORY = "sagemaker_submit_directory"
+REGION = "sagemaker_region"
+CONTAINER_LOG_LEVEL = "sagemaker_container_log_level"
+JOB_NAME = "sagemaker_job_name"
 SAGEMAKER_RESERVED = frozenset({
-    "sagemaker_program", "sagemaker_submit_directory", "sagemaker_enable_cloudwatch_metrics",
-    "sagemaker_region", "sagemaker_container_log_level", "sagemaker_job_name",
-    "default_user_module_name", "_tuning_objective_metric", "sagemaker_s3_output",
+    PROGRAM, SUBMIT_DIRECTORY, "sagemaker_enable_cloudwatch_metrics", REGION,
+    CONTAINER_LOG_LEVEL, JOB_NAME, "default_user_module_name", "_tuning_objective_metric",
+    "sagemaker_s3_output",
 })
+FRAMEWORK_PREFIX = "sagemaker_"
+"""Other keys with this prefix are framework parameters (the toolkit's additional ones)."""
+
+# What the SDK's PyTorch estimator adds for the distribution (contract §2.3).
+TORCH_DISTRIBUTED_ENABLED = "sagemaker_torch_distributed_enabled"
+INSTANCE_TYPE = "sagemaker_instance_type"
+DATAPARALLEL_ENABLED = "sagemaker_distributed_dataparallel_enabled"
+PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"
+"""The toolkit's override of processes per host, also honoured by AWS's images."""
+MP_PARAMETERS = "mp_parameters"
+"""SMP v2's parameters, a user-level hyperparameter as the SDK sends it."""
+
+
+def encode_distribution(config: DistributionConfig, instance_type: str) -> dict[str, Any]:
+    """The hyperparameters the SDK adds for a distribution (not yet JSON-encoded)."""
+    if not config.torch_distributed.enabled:
+        return {}
+    extra: dict[str, Any] = {TORCH_DISTRIBUTED_ENABLED: True, INSTANCE_TYPE: instance_type}
+    if config.smdistributed is not None:
+        if config.model_parallel_enabled and config.raw_parameters:
+            extra[MP_PARAMETERS] = config.raw_parameters
+        extra[DATAPARALLEL_ENABLED] = False
+    if config.torch_distributed.processes_per_host:
+        extra[PROCESSES_PER_HOST] = config.torch_distributed.processes_per_host
+    return extra
+
+
+def decode_distribution(framework: Mapping[str, Any],
+                        user: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The `distribution` dict `encode_distribution` was given (from split hyperparameters)."""
+    if not framework.get(TORCH_DISTRIBUTED_ENABLED):
+        return None
+    torch_distributed: dict[str, Any] = {"enabled": True}
+    processes = framework.get(PROCESSES_PER_HOST)
+    if processes:
+        torch_distributed["processes_per_host"] = int(processes)
+    distribution: dict[str, Any] = {"torch_distributed": torch_distributed}
+    if isinstance(user.get(MP_PARAMETERS), dict) and user[MP_PARAMETERS]:
+        distribution["smdistributed"] = {"modelparallel": {
+            "enabled": True, "parameters": dict(user[MP_PARAMETERS])}}
+    return distribution
 
 
 def encode_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, str]:
@@ -38,7 +87,7 @@ def split_hyperparameters(
     for key, value in hyperparameters.items():
         if key in SAGEMAKER_RESERVED:
             reserved[key] = value
-        elif key.startswith("sagemaker_"):
+        elif key.startswith(FRAMEWORK_PREFIX):
             framework[key] = value
         else:
             user[key] = value

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.distribution import DistributionConfig
-from meshtrain.contract.hyperparameters import encode_hyperparameters
 
 DEFAULT_CONTAINER_LOG_LEVEL = 20  # logging.INFO, as the SageMaker SDK sends it
 
@@ -66,36 +66,21 @@ class JobSpec(BaseModel):
 
     def distribution_hyperparameters(self) -> dict[str, Any]:
         """What the SageMaker SDK's PyTorch estimator adds for the distribution (contract §2.3)."""
-        config = self.distribution_config()
-        if not config.torch_distributed.enabled:
-            return {}
-        extra: dict[str, Any] = {
-            "sagemaker_torch_distributed_enabled": True,
-            "sagemaker_instance_type": self.instance_type,
-        }
-        if config.smdistributed is not None:
-            if config.model_parallel_enabled and config.raw_parameters:
-                extra["mp_parameters"] = config.raw_parameters
-            extra["sagemaker_distributed_dataparallel_enabled"] = False
-        ppn = config.torch_distributed.processes_per_host
-        if ppn:
-            # The toolkit's override of processes per host, also honoured by AWS's images.
-            extra["sagemaker_mpi_num_of_processes_per_host"] = ppn
-        return extra
+        return hp.encode_distribution(self.distribution_config(), self.instance_type)
 
     def container_hyperparameters(self, submit_directory: str) -> dict[str, str]:
         """The JSON-encoded HyperParameters map, as CreateTrainingJob (or local mode) gets it."""
         values: dict[str, Any] = dict(self.hyperparameters)
         values.update(self.distribution_hyperparameters())
         values.update({
-            "sagemaker_program": self.entry_point,
-            "sagemaker_submit_directory": submit_directory,
-            "sagemaker_container_log_level": self.container_log_level,
-            "sagemaker_job_name": self.job_name,
+            hp.PROGRAM: self.entry_point,
+            hp.SUBMIT_DIRECTORY: submit_directory,
+            hp.CONTAINER_LOG_LEVEL: self.container_log_level,
+            hp.JOB_NAME: self.job_name,
         })
         if self.region:
-            values["sagemaker_region"] = self.region
-        return encode_hyperparameters(values)
+            values[hp.REGION] = self.region
+        return hp.encode_hyperparameters(values)
 
     def resource_config(self, host: str, instance_type: str | None = None) -> dict[str, Any]:
         """resourceconfig.json for one host, as SageMaker writes it."""

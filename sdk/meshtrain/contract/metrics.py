@@ -11,7 +11,7 @@ import math
 import re
 from typing import NamedTuple
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 METRIC_LINE_PREFIX = "[meshtrain metric]"
 PREFIX_PATTERN = r"\[meshtrain metric\]"  # plain constructs: SageMaker does not run Python re

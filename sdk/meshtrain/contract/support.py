@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.contract.distribution import SMPParameters
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 
 def check_build_support(params: SMPParameters, tensor_parallel_degree: int) -> None:

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.models import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]

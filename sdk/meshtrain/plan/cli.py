@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from rich.console import Console
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.layouts import Plan, plan_layouts, smallest_fitting_count
 from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training

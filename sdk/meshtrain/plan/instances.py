@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from meshtrain.contract import accelerators as gpus
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.accelerators import GPUSpec
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from meshtrain.contract._messages import divisors
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import SMPParameters
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.activations import ActivationEstimate, activation_bytes
 from meshtrain.plan.cluster import GIB, Cluster
 from meshtrain.plan.comm import (
@@ -149,18 +150,14 @@ def _world(cluster: Cluster) -> str:
     return f"{cluster.num_nodes} hosts x {cluster.ranks_per_node} processes"
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def candidate_parameters(model: ModelSpec, cluster: Cluster) -> Iterator[SMPParameters]:
     """Every SMP parameter set the planner considers for `cluster` (see the module docstring)."""
     world, per_node = cluster.world_size, cluster.ranks_per_node
-    tps = [t for t in _divisors(world) if t <= per_node and model.num_attention_heads % t == 0
+    tps = [t for t in divisors(world) if t <= per_node and model.num_attention_heads % t == 0
            and model.num_key_value_heads % t == 0]
     recompute_options = ((False, False), (True, False), (True, True))
     for tp in tps:
-        for shard in _divisors(world // tp):
+        for shard in divisors(world // tp):
             strategies = [None] if shard == 1 else [None, "shard_grad_op"]
             eps = _expert_degrees(model, shard) if tp == 1 else [1]
             sps = [False, True] if tp > 1 else [False]
@@ -180,7 +177,7 @@ def candidate_parameters(model: ModelSpec, cluster: Cluster) -> Iterator[SMPPara
 def _expert_degrees(model: ModelSpec, shard: int) -> list[int]:
     if not model.is_moe:
         return [1]
-    return [ep for ep in _divisors(shard) if model.num_experts % ep == 0]
+    return [ep for ep in divisors(shard) if model.num_experts % ep == 0]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.activations import ACT_BYTES
 from meshtrain.plan.models import ModelSpec, ParamGroup, param_groups
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from meshtrain.contract._messages import did_you_mean
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 Family = Literal["llama", "mixtral", "gpt_neox", "gpt"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.cluster import GIB
 from meshtrain.plan.layouts import LayoutEstimate
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.contract.distribution import DistributionConfig
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.instances import gpus_per_instance
 from meshtrain.plan.layouts import (

@@ -1,4 +1,4 @@
-"""Run under meshtrain_runtime.rank_entry: print whether `import torch.sagemaker` works."""
+"""Run under meshtrain_runtime.host.rank_entry: print whether `import torch.sagemaker` works."""
 
 try:
     import torch.sagemaker as tsm

@@ -25,7 +25,7 @@ def run_probe(mp_parameters: dict | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "SM_HP_MP_PARAMETERS"}
     if mp_parameters is not None:
         env["SM_HP_MP_PARAMETERS"] = json.dumps(mp_parameters)
-    done = subprocess.run([sys.executable, "-m", "meshtrain_runtime.rank_entry", str(PROBE)],
+    done = subprocess.run([sys.executable, "-m", "meshtrain_runtime.host.rank_entry", str(PROBE)],
                           env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 
 # SMP parameters a script may assign on ``tsm.state`` before ``tsm.init`` (AWS's example sets

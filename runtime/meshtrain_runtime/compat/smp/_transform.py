@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.compat.smp._fsdp import compat_meshes
 from meshtrain_runtime.delayed_init import check_rank0_has_weights

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 StyleSpec = str | ParallelStyle
 

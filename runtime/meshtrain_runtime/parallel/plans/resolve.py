@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.parallel.plans.expand import (
     ExpandedPlan,
     StyleSpec,

@@ -20,8 +20,8 @@ from meshtrain.backends.local.layout import JobDirectory, default_jobs_dir, loca
 from meshtrain.backends.local.processes import carries_token, kill_job_processes, pids_of_job
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
+from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.errors import ConfigError, JobFailedError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 from meshtrain.naming import is_generated_name, with_random_suffix
 

@@ -94,7 +94,7 @@ class Supervisor:
         for host in self.spec.hosts:
             self.job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "meshtrain_runtime.bootstrap"],
+                [sys.executable, "-m", names.BOOTSTRAP_MODULE],
                 env=host_environment(self.spec, self.job_dir, host, port, self.token),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,

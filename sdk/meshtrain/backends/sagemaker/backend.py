@@ -36,8 +36,8 @@ from meshtrain.backends.sagemaker.request import (
 )
 from meshtrain.backends.sagemaker.spec import spec_from_description
 from meshtrain.contract.archive import write_sourcedir_tarball
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 LOGS_CLIENT_CONFIG = Config(retries={"max_attempts": 15, "mode": "standard"})  # as the SDK

@@ -12,9 +12,10 @@ from typing import Any
 
 from meshtrain.backends.sagemaker.options import SageMakerOptions
 from meshtrain.backends.sagemaker.request import code_uri_for, submit_directory
+from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.degrees import resolve_degrees
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.errors import ConfigError
 from meshtrain.naming import check_job_name
 from meshtrain.plan.instances import gpus_per_instance
 
@@ -102,7 +103,7 @@ def check_stopping(spec: JobSpec) -> None:
 def check_hyperparameters(encoded: dict[str, str]) -> None:
     """SageMaker counts every entry, the sagemaker_* ones meshtrain adds included."""
     if len(encoded) > MAX_HYPERPARAMETERS:
-        added = sum(key.startswith(("sagemaker_", "mp_parameters")) for key in encoded)
+        added = sum(key.startswith((hp.FRAMEWORK_PREFIX, hp.MP_PARAMETERS)) for key in encoded)
         raise ConfigError(f"{len(encoded)} hyperparameters ({len(encoded) - added} yours + "
                           f"{added} sagemaker_* entries) exceed SageMaker's {MAX_HYPERPARAMETERS}. "
                           "Group values into a dict or a config file in source_dir.")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from meshtrain.contract._messages import did_you_mean
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 MAX_KEEP_ALIVE_SECONDS = 21600  # ResourceConfig.KeepAlivePeriodInSeconds (botocore model)
 

@@ -11,24 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from meshtrain.backends.sagemaker.request import CODE_CHANNEL, NETWORK_ISOLATION_SUBMIT_DIRECTORY
+from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.hyperparameters import decode_hyperparameters, split_hyperparameters
 from meshtrain.contract.jobspec import DEFAULT_CONTAINER_LOG_LEVEL, JobSpec
-
-
-def distribution_from_hyperparameters(framework: dict[str, Any],
-                                      user: dict[str, Any]) -> dict[str, Any] | None:
-    """The `distribution` dict whose hyperparameters these are (JobSpec's encoding reversed)."""
-    if not framework.get("sagemaker_torch_distributed_enabled"):
-        return None
-    torch_distributed: dict[str, Any] = {"enabled": True}
-    processes = framework.get("sagemaker_mpi_num_of_processes_per_host")
-    if processes:
-        torch_distributed["processes_per_host"] = int(processes)
-    distribution: dict[str, Any] = {"torch_distributed": torch_distributed}
-    if isinstance(user.get("mp_parameters"), dict):
-        distribution["smdistributed"] = {"modelparallel": {
-            "enabled": True, "parameters": user["mp_parameters"]}}
-    return distribution
 
 
 def _channels(description: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], str | None]:
@@ -50,19 +35,19 @@ def spec_from_description(description: dict[str, Any], region: str | None) -> Jo
     decoded = decode_hyperparameters(description.get("HyperParameters") or {})
     reserved, framework, user = split_hyperparameters(decoded)
     inputs, content_types, code_uri = _channels(description)
-    source = str(reserved.get("sagemaker_submit_directory", ""))
+    source = str(reserved.get(hp.SUBMIT_DIRECTORY, ""))
     if source == NETWORK_ISOLATION_SUBMIT_DIRECTORY and code_uri:
         source = code_uri
-    distribution = distribution_from_hyperparameters(framework, user)
+    distribution = hp.decode_distribution(framework, user)
     if distribution and "smdistributed" in distribution:
-        user.pop("mp_parameters")  # it came from the distribution, not from the user
+        user.pop(hp.MP_PARAMETERS)  # it came from the distribution, not from the user
     algorithm = description.get("AlgorithmSpecification", {})
     resources = description.get("ResourceConfig", {})
     stopping = description.get("StoppingCondition", {})
     checkpoint = description.get("CheckpointConfig") or {}
     return JobSpec(
         job_name=description["TrainingJobName"],
-        entry_point=str(reserved.get("sagemaker_program", "")),
+        entry_point=str(reserved.get(hp.PROGRAM, "")),
         source_dir=source,
         hyperparameters=user,
         distribution=distribution,
@@ -82,7 +67,7 @@ def spec_from_description(description: dict[str, Any], region: str | None) -> Jo
         image_uri=algorithm.get("TrainingImage"),
         role=description.get("RoleArn"),
         metric_definitions=[dict(m) for m in algorithm.get("MetricDefinitions") or []],
-        container_log_level=int(reserved.get("sagemaker_container_log_level",
+        container_log_level=int(reserved.get(hp.CONTAINER_LOG_LEVEL,
                                              DEFAULT_CONTAINER_LOG_LEVEL)),
         region=region,
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 
 def group_coordinator(process_group: dist.ProcessGroup | None, coordinator_rank: int) -> int:

@@ -9,7 +9,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     check_local,
     copy_back,

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from meshtrain.errors import ConfigError
+from meshtrain.contract.errors import ConfigError
 
 
 class SMStateDictType(enum.Enum):

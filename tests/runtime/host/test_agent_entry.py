@@ -1,4 +1,4 @@
-"""meshtrain_runtime.agent_entry: SIGTERM ends the workers and prints one line, no traceback."""
+"""host.agent_entry: SIGTERM ends the workers and prints one line, no traceback."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.multiprocess
-SLEEPER = Path(__file__).parents[1] / "e2e" / "scripts" / "sleep_forever.py"
+SLEEPER = Path(__file__).parents[2] / "e2e" / "scripts" / "sleep_forever.py"
 
 
 def test_sigterm_is_a_stop_not_a_traceback(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "meshtrain_runtime.agent_entry", "--nproc-per-node", "2",
+        [sys.executable, "-m", "meshtrain_runtime.host.agent_entry", "--nproc-per-node", "2",
          "--tee", "3", "--log-dir", str(tmp_path / "logs"), str(SLEEPER)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     seen = []

@@ -1,11 +1,11 @@
 """Run one rank's copy of the user's entry point and end the process cleanly.
 
-torchrun starts ``python -m meshtrain_runtime.rank_entry <script.py> <args...>`` on every rank.
+torchrun starts ``python -m meshtrain_runtime.host.rank_entry <script.py> <args...>`` on every rank.
 The wrapper runs the script as ``__main__`` (like ``python script.py``), records a failing rank's
 traceback where the bootstrap finds it, and ends the rank with barrier -> destroy_process_group ->
 flush -> ``os._exit``: gloo's worker threads can otherwise abort a successful process at exit
 ("terminate called without an active exception"), which torchrun would report as a failure.
-In a local job the rank first ties its life to its parent (see `meshtrain_runtime.lifeline`).
+In a local job the rank first ties its life to its parent (see `meshtrain_runtime.host.lifeline`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, SM_CURRENT_HOST
-from meshtrain_runtime.lifeline import die_with_parent
+from meshtrain_runtime.host.lifeline import die_with_parent
 
 USER_ERROR_EXIT_CODE = 1
 
@@ -116,7 +116,8 @@ def run_entry_point(script: str, args: list[str]) -> int:
 def main() -> None:
     die_with_parent()  # a rank never outlives its torchrun agent (or bootstrap)
     if len(sys.argv) < 2:
-        print("usage: python -m meshtrain_runtime.rank_entry SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m meshtrain_runtime.host.rank_entry SCRIPT [ARGS...]",
+              file=sys.stderr)
         end_process(2)
     end_process(run_entry_point(sys.argv[1], sys.argv[2:]))
 

@@ -1,8 +1,8 @@
 """torchrun with three additions: it dies with its bootstrap, it records how ranks failed, and
 a stop is not reported as a crash.
 
-The bootstrap starts ``python -m meshtrain_runtime.agent_entry <torchrun arguments>`` instead of
-``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition:
+The bootstrap starts ``python -m meshtrain_runtime.host.agent_entry <torchrun arguments>``
+instead of ``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition:
 
 - when workers fail, each failure torchrun observed (rank, exit code, the signal that killed it,
   when) is written to ``<MESHTRAIN_RANK_ERROR_DIR>/agent-failures.json``: a rank killed by
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR
-from meshtrain_runtime.lifeline import die_with_parent
+from meshtrain_runtime.host.lifeline import die_with_parent
 
 AGENT_FAILURES = "agent-failures.json"
 

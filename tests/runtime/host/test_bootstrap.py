@@ -17,9 +17,9 @@ from meshtrain.contract.failures import (
     pick_root_cause,
 )
 from meshtrain.contract.jobspec import write_host_config
-from meshtrain_runtime import bootstrap
-from meshtrain_runtime.host import HostContract, build_sm_env
-from meshtrain_runtime.provision import ProvisionError, provision_code
+from meshtrain_runtime.host import bootstrap
+from meshtrain_runtime.host.contract import HostContract, build_sm_env
+from meshtrain_runtime.host.provision import ProvisionError, provision_code
 
 SMP = {"torch_distributed": {"enabled": True, "processes_per_host": 4},
        "smdistributed": {"modelparallel": {"enabled": True,
@@ -46,9 +46,9 @@ def test_torchrun_command_uses_static_rendezvous_with_algo1_as_node0(tmp_path):
     contract = host_tree(tmp_path)
     command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
     text = " ".join(command)
-    assert "-m meshtrain_runtime.agent_entry --nnodes 3 --nproc-per-node 4" in text  # torchrun
+    assert "-m meshtrain_runtime.host.agent_entry --nnodes 3 --nproc-per-node 4" in text  # torchrun
     assert "--master-addr algo-1 --master-port 7777 --node-rank 1" in text
-    assert text.endswith(f"-m meshtrain_runtime.rank_entry {contract.paths.code_dir}/train.py "
+    assert text.endswith(f"-m meshtrain_runtime.host.rank_entry {contract.paths.code_dir}/train.py "
                          '--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x')
 
 
@@ -56,7 +56,7 @@ def test_single_host_without_torchrun_runs_python_once(tmp_path):
     contract = host_tree(tmp_path, host="algo-1", count=1, distribution=None)
     command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
     assert "torch.distributed.run" not in command
-    assert command[1:4] == ["-m", "meshtrain_runtime.rank_entry", f"{contract.paths.code_dir}/"
+    assert command[1:4] == ["-m", "meshtrain_runtime.host.rank_entry", f"{contract.paths.code_dir}/"
                                                                   "train.py"]
 
 

@@ -1,6 +1,6 @@
 """Host entry point: read the /opt/ml contract, run torchrun (or python), report the outcome.
 
-``python -m meshtrain_runtime.bootstrap`` (the container's ``train``) does what the SageMaker
+``python -m meshtrain_runtime.host.bootstrap`` (the container's ``train``) does what the SageMaker
 training toolkit does: provision /opt/ml/code from sourcedir.tar.gz, export the SM_* variables,
 start ``torchrun`` with static rendezvous (algo-1 is node 0), and on exit write
 /opt/ml/output/success or /opt/ml/output/failure. Exit codes: 0 success, 1 user error, 2
@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 
 from meshtrain.contract import env as names
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.failures import (
     HOST_RECORD,
     OOM_INFO,
@@ -33,11 +34,10 @@ from meshtrain.contract.failures import (
     write_host_record,
 )
 from meshtrain.contract.paths import OptMLPaths
-from meshtrain.errors import ConfigError
-from meshtrain_runtime.agent_entry import AGENT_FAILURES
-from meshtrain_runtime.host import PYTHON, HostContract, build_sm_env, python_path
-from meshtrain_runtime.lifeline import die_with_parent
-from meshtrain_runtime.provision import ProvisionError, provision_code
+from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
+from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
+from meshtrain_runtime.host.lifeline import die_with_parent
+from meshtrain_runtime.host.provision import ProvisionError, provision_code
 
 USER_ERROR = 1
 FRAMEWORK_ERROR = 2
@@ -55,13 +55,13 @@ def host_work_dir(paths: OptMLPaths) -> Path:
 def build_command(contract: HostContract, script: Path, log_dir: Path | None = None) -> list[str]:
     """The per-host command, as the toolkit's TorchDistributed / Process runners build it.
 
-    torchrun runs through `meshtrain_runtime.agent_entry` (same arguments), which dies with
+    torchrun runs through `meshtrain_runtime.host.agent_entry` (same arguments), which dies with
     this bootstrap and records how each failed rank ended.
     """
-    wrapped = ["-m", "meshtrain_runtime.rank_entry", str(script), *contract.user_args()]
+    wrapped = ["-m", "meshtrain_runtime.host.rank_entry", str(script), *contract.user_args()]
     if not contract.torch_distributed:
         return [PYTHON, *wrapped]
-    command = [PYTHON, "-m", "meshtrain_runtime.agent_entry",
+    command = [PYTHON, "-m", "meshtrain_runtime.host.agent_entry",
                "--nnodes", str(len(contract.hosts)),
                "--nproc-per-node", str(contract.processes_per_host)]
     if len(contract.hosts) > 1 or names.MESHTRAIN_MASTER_PORT in os.environ:

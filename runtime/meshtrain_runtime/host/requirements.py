@@ -27,7 +27,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from meshtrain_runtime.host import PYTHON
+from meshtrain_runtime.host.contract import PYTHON
 
 READY_FILE = "meshtrain-ready"
 PARENT_PTH = "_meshtrain_parent_site.pth"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.contract import env as names
+from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.hyperparameters import (
     decode_hyperparameters,
@@ -70,18 +71,15 @@ class HostContract:
 
     @property
     def entry_point(self) -> str:
-        return str(self.reserved.get("sagemaker_program", ""))
+        return str(self.reserved.get(hp.PROGRAM, ""))
 
     @property
     def torch_distributed(self) -> bool:
-        return bool(self.framework_params.get("sagemaker_torch_distributed_enabled", False))
+        return bool(self.framework_params.get(hp.TORCH_DISTRIBUTED_ENABLED, False))
 
     @property
     def processes_per_host(self) -> int:
-        override = self.framework_params.get("sagemaker_mpi_num_of_processes_per_host")
-        if override:
-            return int(override)
-        return max(self.num_gpus, 1) if self.torch_distributed else 1
+        return self.distribution().processes_per_host(self.num_gpus)
 
     @property
     def channels(self) -> list[str]:
@@ -99,12 +97,9 @@ class HostContract:
         return to_cmd_args(self.hyperparameters)
 
     def distribution(self) -> DistributionConfig:
-        """The distribution as the hosts see it (from mp_parameters, if any)."""
-        params = self.hyperparameters.get("mp_parameters") or {}
-        config: dict[str, Any] = {"torch_distributed": {"enabled": self.torch_distributed}}
-        if params:
-            config["smdistributed"] = {"modelparallel": {"enabled": True, "parameters": params}}
-        return DistributionConfig.from_dict(config)
+        """The distribution the client encoded into the hyperparameters, decoded."""
+        return DistributionConfig.from_dict(
+            hp.decode_distribution(self.framework_params, self.hyperparameters))
 
     def training_env(self) -> dict[str, Any]:
         """SM_TRAINING_ENV: every property the toolkit's Environment exposes that we know."""
@@ -113,13 +108,13 @@ class HostContract:
             "channel_input_dirs": {c: str(p.channel_dir(c)) for c in self.channels},
             "current_host": self.current_host, "hosts": self.hosts,
             "current_instance_type": self.resource_config.get("current_instance_type", "local"),
-            "framework_module": "meshtrain_runtime.bootstrap",
+            "framework_module": names.BOOTSTRAP_MODULE,
             "hyperparameters": self.hyperparameters,
             "additional_framework_parameters": self.framework_params,
             "input_config_dir": str(p.input_config_dir),
             "input_data_config": self.input_data_config,
-            "input_dir": str(p.input_dir), "job_name": self.reserved.get("sagemaker_job_name", ""),
-            "log_level": self.reserved.get("sagemaker_container_log_level", 20),
+            "input_dir": str(p.input_dir), "job_name": self.reserved.get(hp.JOB_NAME, ""),
+            "log_level": self.reserved.get(hp.CONTAINER_LOG_LEVEL, 20),
             "model_dir": str(p.model_dir), "module_dir": str(p.code_dir),
             "module_name": Path(self.entry_point).stem, "network_interface_name":
                 self.resource_config.get("network_interface_name", "eth0"),

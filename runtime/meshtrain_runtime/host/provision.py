@@ -9,9 +9,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.archive import UnsafeArchiveError, safe_extract
-from meshtrain_runtime.host import HostContract
-from meshtrain_runtime.requirements import ProvisionError, activate, requirements_environment
+from meshtrain_runtime.host.contract import HostContract
+from meshtrain_runtime.host.requirements import ProvisionError, activate, requirements_environment
 
 
 def _download_s3(uri: str, destination: Path, region: str | None) -> Path:
@@ -38,8 +39,8 @@ def provision_code(contract: HostContract) -> Path:
     code_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         source = fetch_submit_directory(
-            str(contract.reserved.get("sagemaker_submit_directory", "")), Path(scratch),
-            contract.reserved.get("sagemaker_region"))
+            str(contract.reserved.get(hp.SUBMIT_DIRECTORY, "")), Path(scratch),
+            contract.reserved.get(hp.REGION))
         if source is not None and source.is_file():
             try:
                 safe_extract(source, code_dir)
