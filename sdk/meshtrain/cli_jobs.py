@@ -11,14 +11,17 @@ from typing import Any
 
 from meshtrain.cli_views import add_view_commands, plot_job, print_logs
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.hyperparameters import decode_hyperparameters
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.progress import progress_of_log
 
 LIST_LIMIT = 50
 
 
 def add_job_commands(sub: argparse._SubParsersAction) -> None:
     """Register list, status, logs and stop."""
-    for name, help_text in (("status", "print a job's DescribeTrainingJob as JSON"),
+    for name, help_text in (("status", "print a job's DescribeTrainingJob and its training "
+                                       "progress as JSON"),
                             ("stop", "stop a running job")):
         command = sub.add_parser(name, help=help_text)
         command.add_argument("job_name")
@@ -88,7 +91,9 @@ def find_job(args: argparse.Namespace) -> TrainingJob:
 def job_command(args: argparse.Namespace) -> int:
     job = find_job(args)
     if args.action == "status":
-        print(json.dumps(job.describe(), indent=2, default=str))
+        description = job.describe()
+        description["Progress"] = progress_record(job, description)
+        print(json.dumps(description, indent=2, default=str))
     elif args.action == "logs":
         print_logs(job, args)
     elif args.action == "plot":
@@ -115,6 +120,20 @@ def stop_job(job: TrainingJob) -> None:
         print(f"it ended as {status}: see `meshtrain status {job.job_name}`")
     else:  # SageMaker stops asynchronously
         print(f"stop requested (status: {status})")
+
+
+def progress_record(job: TrainingJob, description: dict[str, Any]) -> dict[str, Any]:
+    """What the job's metric lines say (meshtrain.progress), for `meshtrain status`."""
+    start = description.get("TrainingStartTime")
+    end = description.get("TrainingEndTime") or time.time()
+    training = _seconds(end) - _seconds(start) if start is not None else None
+    hyperparameters = decode_hyperparameters(description.get("HyperParameters") or {})
+    running = description.get("TrainingJobStatus") not in TERMINAL_STATUSES
+    progress = progress_of_log(job.log_lines(), hyperparameters,
+                               training_seconds=training if running else None)
+    return {"Step": progress.step, "TotalSteps": progress.total_steps, "Loss": progress.loss,
+            "TokensPerSecond": progress.tokens_per_sec, "MFU": progress.mfu,
+            "EtaSeconds": progress.eta_seconds, "Summary": progress.summary()}
 
 
 def _duration(start: Any, end: Any) -> str:

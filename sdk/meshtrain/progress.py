@@ -131,7 +131,7 @@ def progress_of_log(lines: Any, hyperparameters: Mapping[str, Any] | None = None
                     training_seconds: float | None = None) -> Progress:
     """The progress a job's log shows. A log has no times, so the ETA (of a running job) is
     paced by `training_seconds`, the time the job has trained so far, over the steps done."""
-    tracker = ProgressTracker(total_steps_from(hyperparameters))
+    tracker = ProgressTracker(total_steps_from(hyperparameters), clock=lambda: 0.0)  # no pace
     for line in lines:
         tracker.feed(line)
     progress = tracker.progress()

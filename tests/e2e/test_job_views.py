@@ -1,7 +1,11 @@
-"""`meshtrain logs --host/--rank` and `meshtrain plot` on a real 2 hosts x 2 processes job."""
+"""What a user sees of a real 2 hosts x 2 processes job: fit()'s plain output with its progress,
+`meshtrain status` with the progress, `meshtrain logs --host/--rank` and `meshtrain plot`."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 from pathlib import Path
 
 import pytest
@@ -15,13 +19,40 @@ pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory) -> tuple[str, Path]:
+def fit_output(tmp_path_factory) -> tuple[str, Path, str]:
     jobs = tmp_path_factory.mktemp("jobs")
     estimator = Estimator(str(SCRIPTS / "print_metrics.py"), instance_count=2, jobs_dir=str(jobs),
+                          hyperparameters={"max_steps": 3},
                           distribution={"torch_distributed": {"enabled": True,
                                                               "processes_per_host": 2}})
-    estimator.fit(job_name="views", logs=False)
-    return "views", jobs
+    shown = io.StringIO()  # not a terminal: fit() must print plain lines
+    with contextlib.redirect_stdout(shown):
+        estimator.fit(job_name="views")
+    return "views", jobs, shown.getvalue()
+
+
+@pytest.fixture
+def job(fit_output) -> tuple[str, Path]:
+    return fit_output[0], fit_output[1]
+
+
+def test_fit_prints_the_log_and_a_plain_progress_line(fit_output):
+    _, _, shown = fit_output
+    assert "\x1b" not in shown and "\r" not in shown  # no control characters off a terminal
+    lines = shown.splitlines()
+    assert "[algo-2 rank 3] hello from rank 3 on algo-2" in lines
+    assert "[meshtrain] views: step 2/3 · loss 1.0000 · 2,048 tokens/s" in lines
+    assert lines[-1] == "===== Job Completed ====="
+
+
+def test_status_reports_the_progress_the_metric_lines_show(job, capsys):
+    name, jobs = job
+    capsys.readouterr()
+    assert main(["status", name, "--jobs-dir", str(jobs)]) == 0
+    progress = json.loads(capsys.readouterr().out)["Progress"]
+    assert progress == {"Step": 2, "TotalSteps": 3, "Loss": 1.0, "TokensPerSecond": 2048.0,
+                        "MFU": None, "EtaSeconds": None,
+                        "Summary": "step 2/3 · loss 1.0000 · 2,048 tokens/s"}
 
 
 def _logs(capsys, job, *flags: str) -> list[str]:

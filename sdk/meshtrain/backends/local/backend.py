@@ -22,8 +22,10 @@ from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.display import JobDisplay, host_index, make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 from meshtrain.naming import is_generated_name, with_random_suffix
+from meshtrain.progress import total_steps_from
 
 POLL_SECONDS = 0.2
 STOP_GRACE_SECONDS = 10.0
@@ -223,36 +225,45 @@ class LocalTrainingJob(TrainingJob):
         spec = self.job_dir.read_spec()
         return _description(spec, self.job_dir, status)
 
-    def _print_new_log(self) -> None:
+    def _show_new_log(self, display: JobDisplay) -> None:
         with open(self.job_dir.log_file, "rb") as log:
             log.seek(self._log_offset)
             chunk = log.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self._log_offset += len(complete)
-        if complete:
-            sys.stdout.write(complete.decode(errors="replace"))
-            sys.stdout.flush()
+        for line in complete.decode(errors="replace").splitlines():
+            display.log(line, host=host_index(line))
 
     def wait(self, logs: bool = True) -> None:
+        display = make_display(self.job_name, total_steps=total_steps_from(
+            self.job_dir.read_spec().hyperparameters)) if logs else None
         try:
-            while True:
-                description = self.describe()
-                if logs:
-                    self._print_new_log()
-                if description["TrainingJobStatus"] in TERMINAL_STATUSES:
-                    break
-                time.sleep(POLL_SECONDS)
+            description = self._follow(display)
         except KeyboardInterrupt:
+            if display is not None:
+                display.close()
             self._stop_on_interrupt()
             # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md); the
             # message replaces the frames of the polling loop the user never wrote.
             raise KeyboardInterrupt(f"training job {self.job_name} was stopped (Ctrl-C)"
                                     ) from None
         self._wait_for_supervisor_exit()  # it records the status just before it ends
-        if logs:
-            self._print_new_log()
+        if display is not None:
+            self._show_new_log(display)
+            display.close()
             print(f"===== Job {description['TrainingJobStatus']} =====")
         self.raise_for_status(description)
+
+    def _follow(self, display: JobDisplay | None) -> dict[str, Any]:
+        """Poll until the job is terminal, showing its new log lines and status meanwhile."""
+        while True:
+            description = self.describe()
+            if display is not None:
+                self._show_new_log(display)
+                display.status(description["TrainingJobStatus"])
+            if description["TrainingJobStatus"] in TERMINAL_STATUSES:
+                return description
+            time.sleep(POLL_SECONDS)
 
     def _stop_on_interrupt(self) -> None:
         """Ctrl-C while waiting: a local job dies with its client, and says so."""

@@ -9,9 +9,12 @@ from typing import Any
 
 from rich.console import Console
 
-from meshtrain.backends.sagemaker.display import make_display, secondary_status_lines
-from meshtrain.backends.sagemaker.logs import CloudWatchLogReader
+from meshtrain.backends.sagemaker.display import secondary_status_lines, status_summary
+from meshtrain.backends.sagemaker.logs import CloudWatchLogReader, stream_order
+from meshtrain.contract.hyperparameters import decode_hyperparameters
+from meshtrain.display import make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.progress import total_steps_from
 
 LOG_TYPES = {True: "All", False: "None", "All": "All", "None": "None", "Training": "All",
              "Rules": "None"}  # the SDK's `logs` values; Debugger rules are not followed
@@ -74,7 +77,7 @@ class SageMakerTrainingJob(TrainingJob):
         meshtrain.JobFailedError with SageMaker's FailureReason; a stopped one only says so.
         """
         show_logs = LOG_TYPES.get(logs, "All") == "All"
-        display = make_display(self.console, self.job_name)
+        display = make_display(self.job_name, console=self.console)
         try:
             description = self._follow(display, show_logs)
         except KeyboardInterrupt:
@@ -90,16 +93,19 @@ class SageMakerTrainingJob(TrainingJob):
         """The SDK's `logs_for_job` loop: read logs every poll, describe every few polls, and
         after the job turns terminal read the logs one last time."""
         description = self.describe()
+        display.tracker.total_steps = total_steps_from(
+            decode_hyperparameters(description.get("HyperParameters") or {}))
         for line in secondary_status_lines(description, None):
             display.line(line)
-        display.status(description)
+        display.status(status_summary(description))
         reader = self._reader(description) if show_logs else None
         complete = description["TrainingJobStatus"] in TERMINAL_STATUSES
         last_describe = self.clock()
         while True:
             if reader is not None:
                 for event in reader.read_new():
-                    display.log(event)
+                    host = stream_order(event.stream)[0]
+                    display.log(event.message, host=host if host < 1 << 30 else None)
             if complete:
                 return description
             self.sleep(self.poll_seconds if reader is not None else self.describe_seconds)
@@ -109,7 +115,7 @@ class SageMakerTrainingJob(TrainingJob):
             last_describe = self.clock()
             for line in secondary_status_lines(description, previous):
                 display.line(line)
-            display.status(description)
+            display.status(status_summary(description))
             complete = description["TrainingJobStatus"] in TERMINAL_STATUSES
 
     def _print_billing(self, description: dict[str, Any]) -> None:

@@ -1,0 +1,135 @@
+"""What `wait()` shows, the same for every backend: the job's log lines, its status, and its
+training progress (step of total, loss, tokens/s, MFU, ETA) read from the metric lines.
+
+On a terminal a live line (spinner, status, progress, elapsed time) stays under the log, and each
+host's lines have a colour of their own. Anywhere else (CI, files, notebooks without widgets) the
+output is plain lines without control characters: the log as it is, plus a progress line
+(``[meshtrain] job-name: step 40/100 · loss 2.31 · ETA 0:01:12``) at most every
+`PLAIN_PROGRESS_SECONDS` and once at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from meshtrain.progress import ProgressTracker
+
+HOST_STYLES = ("cyan", "green", "magenta", "yellow", "blue", "red")
+PLAIN_PROGRESS_SECONDS = 30.0
+_HOST_PREFIX = re.compile(r"^\[algo-(\d+)")
+
+
+def host_index(line: str) -> int | None:
+    """N of a ``[algo-N rank R]`` prefixed line (local, Docker and Kubernetes logs)."""
+    match = _HOST_PREFIX.match(line)
+    return int(match.group(1)) if match else None
+
+
+def final_summary(tracker: ProgressTracker) -> str:
+    """The progress once the job has ended (or stopped being watched): no ETA."""
+    return dataclasses.replace(tracker.progress(), eta_seconds=None).summary()
+
+
+class JobDisplay(Protocol):
+    """Where wait() sends what it has to show."""
+
+    tracker: ProgressTracker
+
+    def line(self, text: str) -> None: ...
+    def log(self, text: str, host: int | None = None) -> None: ...
+    def status(self, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class PlainDisplay:
+    """Plain lines: the log as it is, and a progress line now and then (never control codes)."""
+
+    def __init__(self, job_name: str, tracker: ProgressTracker, *,
+                 write: Callable[[str], object] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 every: float = PLAIN_PROGRESS_SECONDS) -> None:
+        self.job_name, self.tracker, self.clock, self.every = job_name, tracker, clock, every
+        self._write = write or sys.stdout.write
+        self._printed: str | None = None
+        self._printed_at = clock()
+
+    def line(self, text: str) -> None:
+        self._write(text + "\n")
+        sys.stdout.flush()
+
+    def log(self, text: str, host: int | None = None) -> None:
+        self.line(text)
+        if self.tracker.feed(text) and self.clock() - self._printed_at >= self.every:
+            self._print_progress()
+
+    def status(self, text: str) -> None:
+        """Plain output shows status through the lines the backend prints."""
+
+    def _print_progress(self, final: bool = False) -> None:
+        summary = final_summary(self.tracker) if final else self.tracker.progress().summary()
+        if self.tracker.step is not None and summary != self._printed:
+            self.line(f"[meshtrain] {self.job_name}: {summary}")
+            self._printed = summary
+        self._printed_at = self.clock()
+
+    def close(self) -> None:
+        self._print_progress(final=True)
+
+
+class LiveDisplay:
+    """A terminal: the log in one colour per host, under a live status + progress line."""
+
+    def __init__(self, console: Console, job_name: str, tracker: ProgressTracker) -> None:
+        self.console, self.job_name, self.tracker = console, job_name, tracker
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self._status = "starting"
+        self.task = self.progress.add_task(self._description(), total=None)
+        self.progress.start()
+
+    def _description(self) -> str:
+        text = f"{self.job_name}: {self._status}"
+        if self.tracker.step is not None:
+            text += f" · {self.tracker.progress().summary()}"
+        return text
+
+    def _refresh(self) -> None:
+        self.progress.update(self.task, description=self._description())
+        self.progress.refresh()  # now, not at the next tick: a poll loop may sleep long
+
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def log(self, text: str, host: int | None = None) -> None:
+        style = HOST_STYLES[(host - 1) % len(HOST_STYLES)] if host else ""
+        self.console.print(Text(text, style=style), soft_wrap=True)
+        if self.tracker.feed(text):
+            self._refresh()
+
+    def status(self, text: str) -> None:
+        self._status = text
+        self._refresh()
+
+    def close(self) -> None:
+        self.progress.stop()
+        if self.tracker.step is not None:
+            self.line(f"[meshtrain] {self.job_name}: {final_summary(self.tracker)}")
+
+
+def make_display(job_name: str, *, console: Console | None = None,
+                 total_steps: int | None = None) -> JobDisplay:
+    """A live display on a terminal, plain lines otherwise."""
+    console = console or Console()
+    tracker = ProgressTracker(total_steps)
+    if console.is_terminal:
+        return LiveDisplay(console, job_name, tracker)
+    return PlainDisplay(job_name, tracker)

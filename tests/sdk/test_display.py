@@ -1,0 +1,84 @@
+"""The display every backend's wait() uses: plain lines off a terminal, a live line on one."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from meshtrain.contract.metrics import format_metric_line
+from meshtrain.display import LiveDisplay, PlainDisplay, host_index, make_display
+from meshtrain.progress import ProgressTracker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def metric(name: str, value: float, step: int) -> str:
+    return "[algo-1 rank 0] " + format_metric_line(name, value, step)
+
+
+def test_plain_display_passes_the_log_and_adds_progress_lines_at_most_every_interval():
+    clock, out = Clock(), io.StringIO()
+    display = PlainDisplay("job-1", ProgressTracker(10, clock=clock), write=out.write,
+                           clock=clock, every=30)
+    display.log("[algo-2 rank 1] loading", host=2)
+    display.log(metric("train:loss", 2.5, 1))
+    clock.now = 10.0
+    display.log(metric("train:loss", 2.0, 2))
+    assert out.getvalue().splitlines() == ["[algo-2 rank 1] loading", metric("train:loss", 2.5, 1),
+                                           metric("train:loss", 2.0, 2)]  # not due yet
+    clock.now = 31.0
+    display.log(metric("train:loss", 1.5, 3))
+    assert out.getvalue().splitlines()[-1] == (
+        "[meshtrain] job-1: step 3/10 · loss 1.5000 · ETA 0:01:49")  # 7 steps at 15.5 s each
+    display.status("InProgress")  # plain output: status comes through the backend's lines
+    display.close()  # the final line: the job has ended, so no ETA
+    text = out.getvalue()
+    assert text.splitlines()[-1] == "[meshtrain] job-1: step 3/10 · loss 1.5000"
+    display.close()
+    assert out.getvalue() == text  # the same summary is never printed twice in a row
+    assert "\x1b" not in text
+
+
+def test_plain_display_prints_a_final_progress_line_and_nothing_without_steps():
+    out = io.StringIO()
+    display = PlainDisplay("job-2", ProgressTracker(), write=out.write)
+    display.log(metric("train:loss", 0.5, 4))
+    display.close()
+    assert out.getvalue().splitlines()[-1] == "[meshtrain] job-2: step 4 · loss 0.5000"
+    silent = io.StringIO()
+    quiet = PlainDisplay("job-3", ProgressTracker(), write=silent.write)
+    quiet.log("no metrics here")
+    quiet.close()
+    assert silent.getvalue() == "no metrics here\n"
+
+
+def test_live_display_draws_status_and_progress_on_a_terminal():
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=160, color_system=None)
+    display = make_display("live-job", console=console, total_steps=100)
+    assert isinstance(display, LiveDisplay)
+    display.status("InProgress")
+    display.log(metric("train:loss", 2.25, 40), host=1)
+    display.close()
+    text = screen.getvalue()
+    assert "live-job: InProgress · step 40/100 · loss 2.2500" in text
+    assert "\x1b[" in text
+    assert text.rstrip().endswith("[meshtrain] live-job: step 40/100 · loss 2.2500")
+
+
+def test_make_display_is_plain_off_a_terminal():
+    console = Console(file=io.StringIO(), force_terminal=False)
+    assert isinstance(make_display("j", console=console), PlainDisplay)
+
+
+def test_host_index_reads_the_log_prefix():
+    assert host_index("[algo-12 rank 3] hi") == 12
+    assert host_index("[algo-2] supervisor line") == 2
+    assert host_index("plain line") is None
