@@ -70,12 +70,52 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_k8s(sub: argparse._SubParsersAction) -> None:
+    k8s = sub.add_parser("k8s", help="Kubernetes (Kubeflow) manifests")
+    actions = k8s.add_subparsers(dest="k8s_command", required=True)
+    render = actions.add_parser("render", help="print a ConfigMap + PyTorchJob/TrainJob manifest "
+                                               "for `kubectl apply -f`")
+    render.add_argument("entry_point")
+    render.add_argument("--source-dir")
+    render.add_argument("--instance-type", required=True, help="e.g. ml.p4d.24xlarge")
+    render.add_argument("--instance-count", type=int, default=1)
+    render.add_argument("--image", required=True, help="image with python3, torch and meshtrain")
+    render.add_argument("--distribution", type=_json_arg, help="the distribution dict as JSON")
+    render.add_argument("--hyperparameters", type=_json_arg, default={})
+    render.add_argument("--input", action="append", default=[], metavar="CHANNEL=pvc://CLAIM",
+                        type=_channel_arg)
+    render.add_argument("--output-path", help="pvc://CLAIM[/PATH] for /opt/ml/model")
+    render.add_argument("--job-name", required=True)
+    render.add_argument("--namespace", default="default")
+    render.add_argument("--kind", default="PyTorchJob", choices=("PyTorchJob", "TrainJob"))
+    render.add_argument("--code-in-image", action="store_true",
+                        help="the image already holds the code in /opt/ml/code")
+    render.set_defaults(handler=_k8s_render)
+
+
+def _k8s_render(args: argparse.Namespace) -> int:
+    from meshtrain import kubernetes
+    from meshtrain.estimator import Estimator
+
+    estimator = Estimator(entry_point=args.entry_point, source_dir=args.source_dir,
+                          instance_type=args.instance_type, instance_count=args.instance_count,
+                          image_uri=args.image, distribution=args.distribution,
+                          hyperparameters=args.hyperparameters, output_path=args.output_path,
+                          preflight=False)
+    objects = kubernetes.render_all(estimator, job_name=args.job_name, namespace=args.namespace,
+                                    kind=args.kind, inputs=dict(args.input) or None,
+                                    code_in_image=args.code_in_image)
+    sys.stdout.write(kubernetes.to_yaml(objects))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshtrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     add_job_commands(sub)
     register_plan(sub)
+    _add_k8s(sub)
     return parser
 
 

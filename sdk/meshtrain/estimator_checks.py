@@ -20,6 +20,8 @@ from meshtrain.contract.support import check_build_support, check_cpu_offload
 from meshtrain.targets import TARGET_KINDS, Target, known_options, local_cores, local_gpu_count
 
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
+URI_SCHEMES = ("s3://", "file://", "pvc://")
+"""Input URIs kept as given (pvc:// names a Kubernetes volume); anything else is a local path."""
 RANKS_PER_CORE = 4
 """Local jobs: at most this many ranks per CPU core of this machine. Each rank is a Python
 process holding torch (~300 MB); beyond a few per core a job only thrashes, and a typo such as
@@ -124,7 +126,7 @@ def check_inputs(inputs: Any) -> tuple[dict[str, str], dict[str, str]]:
         uri, content_type = _input_uri(channel, value)
         if not uri or any(c in uri for c in "\n\r\x00"):
             raise ConfigError(f"input channel {channel!r}: {uri!r} is not a usable path or URI.")
-        if not uri.startswith(("s3://", "file://")):
+        if not uri.startswith(URI_SCHEMES):
             uri = f"file://{Path(uri).expanduser().resolve()}"
         channels[channel] = uri
         if content_type:

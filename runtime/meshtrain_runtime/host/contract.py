@@ -35,6 +35,19 @@ def count_gpus() -> int:
     return len([d for d in Path("/dev").glob("nvidia[0-9]*")])
 
 
+def pod_host() -> str | None:
+    """algo-N of a Kubernetes pod, whose shared resourceconfig.json cannot name it: from the
+    rank or replica labels its manifest passes in (see meshtrain.backends.kubernetes)."""
+    rank = os.environ.get(names.MESHTRAIN_NODE_RANK, "")
+    if rank.isdigit():
+        return f"algo-{int(rank) + 1}"
+    replica_type = os.environ.get(names.MESHTRAIN_REPLICA_TYPE)
+    if replica_type:
+        return names.host_from_replica(replica_type,
+                                       os.environ.get(names.MESHTRAIN_REPLICA_INDEX, ""))
+    return None
+
+
 @dataclass
 class HostContract:
     """The host's view of the job, read from /opt/ml/input/config."""
@@ -52,7 +65,7 @@ class HostContract:
         decoded = decode_hyperparameters(_read_json(paths.hyperparameters_file, {}))
         reserved, framework, user = split_hyperparameters(decoded)
         resource = _read_json(paths.resource_config_file, {})
-        resource.setdefault("current_host", "algo-1")
+        resource.setdefault("current_host", pod_host() or "algo-1")
         resource.setdefault("hosts", [resource["current_host"]])
         return cls(paths, user, reserved, framework, resource,
                    _read_json(paths.input_data_config_file, {}))

@@ -51,3 +51,18 @@ MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
 
 BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"
 """What every backend runs in each host (``python -m``; the image's ``train`` does the same)."""
+
+# Kubernetes pods learn which host they are from the operator's replica labels (downward API):
+# Master 0 is algo-1, Worker i is algo-(i+2).
+MESHTRAIN_REPLICA_TYPE = "MESHTRAIN_REPLICA_TYPE"
+MESHTRAIN_REPLICA_INDEX = "MESHTRAIN_REPLICA_INDEX"
+
+
+def host_from_replica(replica_type: str, replica_index: str) -> str:
+    """algo-N of a PyTorchJob replica ("master"/"worker", index as its label gives it)."""
+    offset = {"master": 1, "worker": 2}.get(replica_type.lower())
+    if offset is None or not replica_index.isdigit():
+        raise ValueError(f"not a PyTorchJob replica: type={replica_type!r}, "
+                         f"index={replica_index!r}")
+    return f"algo-{int(replica_index) + offset}"
+MESHTRAIN_NODE_RANK = "MESHTRAIN_NODE_RANK"  # 0-based host index (TrainJob's completion index)

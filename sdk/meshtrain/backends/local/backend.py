@@ -53,15 +53,7 @@ class LocalBackend:
                                   "SageMaker (an ml.* instance_type).")
         if spec.use_spot_instances:
             raise ConfigError("use_spot_instances is not supported by local jobs.")
-        for channel, uri in spec.inputs.items():
-            if uri.startswith("s3://"):
-                raise ConfigError(f"input channel {channel!r} is {uri}: local jobs read local "
-                                  "paths or file:// URIs. Download the data, or use SageMaker.")
-            if not local_path(uri).exists():
-                raise ConfigError(f"input channel {channel!r}: {uri} does not exist.")
-        if spec.output_path and spec.output_path.startswith("s3://"):
-            raise ConfigError(f"output_path={spec.output_path}: local jobs write to a local path "
-                              "or file:// URI.")
+        _check_local_locations(spec)
         if not is_generated_name(spec.job_name) and self.job_directory(spec.job_name).root.exists():
             raise _name_taken(spec.job_name, self.jobs_dir)
 
@@ -125,6 +117,20 @@ class LocalBackend:
     def attach(self, job_name: str) -> LocalTrainingJob:
         self.load_spec(job_name)
         return LocalTrainingJob(job_name, self.job_directory(job_name))
+
+
+def _check_local_locations(spec: JobSpec) -> None:
+    """Channels and the output are on this machine (not S3, not Kubernetes volumes)."""
+    for channel, uri in spec.inputs.items():
+        if uri.startswith(("s3://", "pvc://")):
+            raise ConfigError(f"input channel {channel!r} is {uri}: local jobs read local "
+                              "paths or file:// URIs. Download the data, or run on the target "
+                              "that reads it (SageMaker for s3://, Kubernetes for pvc://).")
+        if not local_path(uri).exists():
+            raise ConfigError(f"input channel {channel!r}: {uri} does not exist.")
+    if spec.output_path and spec.output_path.startswith(("s3://", "pvc://")):
+        raise ConfigError(f"output_path={spec.output_path}: local jobs write to a local path "
+                          "or file:// URI.")
 
 
 def _name_taken(name: str, jobs_dir: Path) -> ConfigError:

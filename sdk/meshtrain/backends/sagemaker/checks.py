@@ -179,6 +179,11 @@ def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
     if local is not None and not local.startswith("/"):
         raise ConfigError(f"checkpoint_local_path={local!r} must be an absolute path in the "
                           "container, e.g. '/opt/ml/checkpoints'.")
+    check_source_location(spec)
+
+
+def check_source_location(spec: JobSpec) -> None:
+    """An S3 source_dir is a tar.gz that nothing more can be added to."""
     if spec.source_dir.startswith("s3://"):
         parse_s3_uri(spec.source_dir, "source_dir")
         if not spec.source_dir.endswith(".tar.gz"):

@@ -1,0 +1,236 @@
+"""A JobSpec as Kubernetes objects: a ConfigMap with the job's /opt/ml contract and a Kubeflow
+PyTorchJob (training operator v1) or TrainJob (Trainer v2), with no cluster and no client needed.
+
+Every pod runs meshtrain's bootstrap, as on SageMaker: it reads the ConfigMap's
+hyperparameters.json / inputdataconfig.json / resourceconfig.json (mounted at
+/opt/ml/input/config), learns which host it is from the operator's replica labels (downward API:
+Master 0 is algo-1, Worker i is algo-(i+2)), unpacks the code and starts torchrun. The source is
+shipped in the ConfigMap as sourcedir.tar.gz (up to `MAX_CONFIGMAP_CODE_BYTES`), taken from an
+S3 URI, or taken from the image's /opt/ml/code (`code_in_image=True`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from meshtrain.backends.kubernetes import checks
+from meshtrain.backends.kubernetes.resources import node_resources
+from meshtrain.contract import env as names
+from meshtrain.contract.archive import write_sourcedir_tarball
+from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.paths import OptMLPaths
+
+MAX_CONFIGMAP_CODE_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB in all
+MASTER_PORT = 23456  # the training operator's default (container port "pytorchjob-port")
+CONFIG_DIR = "/opt/ml/input/config"
+CODE_ARCHIVE_DIR = "/opt/meshtrain/code"
+JOB_LABEL = "meshtrain.io/job-name"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "meshtrain"}
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+PYTORCHJOB_API = "kubeflow.org/v1"
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
+TRAINJOB_RUNTIME = "torch-distributed"  # Trainer v2's ClusterTrainingRuntime for torchrun jobs
+
+
+def labels(job_name: str) -> dict[str, str]:
+    """The labels every object and pod of the job carries (how meshtrain finds them again)."""
+    return {JOB_LABEL: job_name, **MANAGED_BY}
+
+
+def _code_archive(spec: JobSpec) -> bytes:
+    with tempfile.TemporaryDirectory() as scratch:
+        tarball = Path(scratch) / "sourcedir.tar.gz"
+        write_sourcedir_tarball(Path(spec.source_dir), tarball,
+                                [Path(d) for d in spec.dependencies])
+        data = tarball.read_bytes()
+    if len(data) > MAX_CONFIGMAP_CODE_BYTES:
+        raise ConfigError(
+            f"source_dir={spec.source_dir} packs to {len(data) / 1024:.0f} KiB, more than the "
+            f"{MAX_CONFIGMAP_CODE_BYTES // 1024} KiB a ConfigMap can carry: bake the code into the "
+            "image (code_in_image=True, at /opt/ml/code) or give an s3:// source_dir.")
+    return data
+
+
+def _submit_directory(spec: JobSpec, code_in_image: bool) -> str:
+    if code_in_image:
+        return ""  # the bootstrap finds the entry point already in /opt/ml/code
+    if spec.source_dir.startswith("s3://"):
+        return spec.source_dir
+    return f"file://{CODE_ARCHIVE_DIR}/sourcedir.tar.gz"
+
+
+def render_config_map(spec: JobSpec, *, namespace: str, code_in_image: bool = False
+                      ) -> dict[str, Any]:
+    """The ConfigMap with the contract files (and the code, when it travels with the job)."""
+    resource = spec.resource_config("algo-1")
+    del resource["current_host"]  # each pod fills in its own, from its replica labels
+    data = {
+        "hyperparameters.json": spec.container_hyperparameters(
+            _submit_directory(spec, code_in_image)),
+        "resourceconfig.json": resource,
+        "inputdataconfig.json": spec.input_data_config(),
+    }
+    config_map: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": f"{spec.job_name}-config", "namespace": namespace,
+                     "labels": labels(spec.job_name)},
+        "data": {name: json.dumps(value, indent=2, sort_keys=True)
+                 for name, value in data.items()},
+    }
+    if not code_in_image and not spec.source_dir.startswith("s3://"):
+        config_map["binaryData"] = {
+            "sourcedir.tar.gz": base64.b64encode(_code_archive(spec)).decode()}
+    return config_map
+
+
+def _volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container mounts): the contract, code, /dev/shm, channels, outputs."""
+    paths = OptMLPaths(Path("/opt/ml"))
+    config = f"{spec.job_name}-config"
+    volumes: list[dict[str, Any]] = [
+        {"name": "contract", "configMap": {"name": config, "items": [
+            {"key": key, "path": key} for key in
+            ("hyperparameters.json", "resourceconfig.json", "inputdataconfig.json")]}},
+        {"name": "code", "configMap": {"name": config, "optional": True, "items": [
+            {"key": "sourcedir.tar.gz", "path": "sourcedir.tar.gz"}]}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "contract", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "code", "mountPath": CODE_ARCHIVE_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    claims: dict[str, str] = {}
+    targets = [(f"input channel {c!r}", uri, str(paths.channel_dir(c)), True)
+               for c, uri in sorted(spec.inputs.items())]
+    if spec.output_path:
+        targets.append(("output_path", spec.output_path, str(paths.model_dir), False))
+    for what, uri, mount_path, read_only in targets:
+        claim, sub_path = checks.pvc_mount(uri, what)
+        volume = claims.setdefault(claim, f"pvc-{len(claims)}")
+        mounts.append({"name": volume, "mountPath": mount_path, "subPath": sub_path,
+                       "readOnly": read_only} if sub_path else
+                      {"name": volume, "mountPath": mount_path, "readOnly": read_only})
+    volumes += [{"name": volume, "persistentVolumeClaim": {"claimName": claim}}
+                for claim, volume in claims.items()]
+    return volumes, mounts
+
+
+def _identity_env(spec: JobSpec, kind: str) -> list[dict[str, Any]]:
+    """Where the master is and which host this pod is, as each kind's pods can tell."""
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    if kind == "PyTorchJob":
+        return [
+            {"name": names.MESHTRAIN_MASTER_ADDR, "value": f"{spec.job_name}-master-0"},
+            {"name": names.MESHTRAIN_REPLICA_TYPE,
+             "valueFrom": field(f"metadata.labels['{REPLICA_TYPE_LABEL}']")},
+            {"name": names.MESHTRAIN_REPLICA_INDEX,
+             "valueFrom": field(f"metadata.labels['{REPLICA_INDEX_LABEL}']")},
+        ]
+    return [  # TrainJob: a JobSet of indexed Jobs; pod 0 of job "node" is the master
+        {"name": names.MESHTRAIN_MASTER_ADDR, "value": f"{spec.job_name}-node-0-0.{spec.job_name}"},
+        {"name": names.MESHTRAIN_NODE_RANK,
+         "valueFrom": field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")},
+    ]
+
+
+def _env(spec: JobSpec, kind: str) -> list[dict[str, Any]]:
+    """The user's environment, the job's name, and the pod's place in the job."""
+    env = [{"name": key, "value": value} for key, value in sorted(spec.environment.items())]
+    env += [{"name": names.MESHTRAIN_MASTER_PORT, "value": str(MASTER_PORT)},
+            {"name": names.MESHTRAIN_JOB_NAME, "value": spec.job_name}]
+    return env + _identity_env(spec, kind)
+
+
+def _pod_template(spec: JobSpec, limits: dict[str, str], node_type: str,
+                  kind: str = "PyTorchJob") -> dict[str, Any]:
+    volumes, mounts = _volumes(spec)
+    container = {
+        "name": "pytorch", "image": spec.image_uri,
+        "command": ["python3", "-m", names.BOOTSTRAP_MODULE],
+        "env": _env(spec, kind), "volumeMounts": mounts,
+        "ports": [{"containerPort": MASTER_PORT, "name": "pytorchjob-port"}],
+    }
+    if limits:
+        container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
+    return {
+        "metadata": {"labels": labels(spec.job_name)},
+        "spec": {"containers": [container], "volumes": volumes, "restartPolicy": "Never",
+                 "nodeSelector": {"node.kubernetes.io/instance-type": node_type}},
+    }
+
+
+def render_pytorchjob(spec: JobSpec, *, namespace: str, processes: int, limits: dict[str, str],
+                      node_type: str) -> dict[str, Any]:
+    """A kubeflow.org/v1 PyTorchJob: one Master, instance_count - 1 Workers."""
+    template = _pod_template(spec, limits, node_type)
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never",
+                                           "template": template}}
+    if spec.instance_count > 1:
+        replicas["Worker"] = {"replicas": spec.instance_count - 1, "restartPolicy": "Never",
+                              "template": template}
+    job_spec: dict[str, Any] = {
+        "nprocPerNode": str(processes),
+        "pytorchReplicaSpecs": replicas,
+        "runPolicy": {"activeDeadlineSeconds": spec.max_run, "backoffLimit": 0,
+                      "cleanPodPolicy": "None"},
+    }
+    return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob",
+            "metadata": {"name": spec.job_name, "namespace": namespace,
+                         "labels": labels(spec.job_name)},
+            "spec": job_spec}
+
+
+def render_trainjob(spec: JobSpec, *, namespace: str, processes: int, limits: dict[str, str],
+                    node_type: str) -> dict[str, Any]:
+    """A trainer.kubeflow.org/v1alpha1 TrainJob on the torch-distributed runtime, with the
+    contract's volumes, env and node selector patched into its pods."""
+    template = _pod_template(spec, limits, node_type, kind="TrainJob")
+    container = template["spec"]["containers"][0]
+    pod_patch = {"nodeSelector": template["spec"]["nodeSelector"],
+                 "volumes": template["spec"]["volumes"],
+                 "containers": [{"name": "node", "env": container["env"],
+                                 "volumeMounts": container["volumeMounts"]}]}
+    trainer: dict[str, Any] = {"image": spec.image_uri, "command": container["command"],
+                               "numNodes": spec.instance_count, "numProcPerNode": processes}
+    if limits:
+        trainer["resourcesPerNode"] = {"limits": dict(limits), "requests": dict(limits)}
+    return {
+        "apiVersion": TRAINJOB_API, "kind": "TrainJob",
+        "metadata": {"name": spec.job_name, "namespace": namespace,
+                     "labels": labels(spec.job_name)},
+        "spec": {
+            "runtimeRef": {"name": TRAINJOB_RUNTIME, "apiGroup": "trainer.kubeflow.org",
+                           "kind": "ClusterTrainingRuntime"},
+            "activeDeadlineSeconds": spec.max_run,
+            "trainer": trainer,
+            "runtimePatches": [{"manager": "meshtrain", "trainingRuntimeSpec": {"template": {
+                "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {
+                    "template": {"metadata": {"labels": labels(spec.job_name)},
+                                 "spec": pod_patch}}}}]}}}}],
+        },
+    }
+
+
+def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTorchJob",
+                code_in_image: bool = False) -> list[dict[str, Any]]:
+    """[ConfigMap, job] for `spec`; ConfigError before anything is rendered."""
+    checks.check_kind(kind)
+    checks.check_namespace(namespace)
+    resources = node_resources(spec)
+    checks.check_spec(spec, gpus=resources.gpus, processes=resources.processes)
+    config_map = render_config_map(spec, namespace=namespace, code_in_image=code_in_image)
+    common = {"namespace": namespace, "processes": resources.processes,
+              "limits": resources.limits, "node_type": resources.node_type}
+    if kind == "PyTorchJob":
+        return [config_map, render_pytorchjob(spec, **common)]
+    return [config_map, render_trainjob(spec, **common)]
