@@ -187,7 +187,8 @@ class Estimator:
 
         try:
             preflight(self.distribution_config, model=self.plan_model,
-                      instance_type=self.instance_type, instance_count=self.instance_count,
+                      instance_type=self.target.hardware_type,
+                      instance_count=self.instance_count,
                       processes_per_host=self.distribution_config.torch_distributed
                       .processes_per_host, **self.plan_options)
         except TypeError as error:

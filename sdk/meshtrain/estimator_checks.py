@@ -164,8 +164,9 @@ def check_backend_options(
     for name in sorted(set(options) - every_option):
         hint = did_you_mean(name, own) or did_you_mean(name, every_option)
         raise ConfigError(f"Estimator got an unexpected keyword argument {name!r}.{hint} "
-                          f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local) "
-                          "and the SageMaker SDK's session options (ml.* types).")
+                          f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local), "
+                          "the SageMaker SDK's session options (ml.* types), namespace, "
+                          "kube_context, kubeconfig, kind, code_in_image (k8s:* types).")
     foreign = sorted(set(options) - target.options)
     if foreign:
         owners = sorted({kind.title for kind in TARGET_KINDS if set(foreign) & kind.options()})

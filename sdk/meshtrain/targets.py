@@ -51,6 +51,15 @@ def _sagemaker_options() -> frozenset[str]:
     return frozenset({*OPTION_NAMES, "sagemaker_session"})
 
 
+def _kubernetes_gpus(instance_type: str) -> int:
+    return _sagemaker_gpus(instance_type.removeprefix(KUBERNETES_PREFIX))
+
+
+KUBERNETES_PREFIX = "k8s:"
+KUBERNETES_OPTIONS = frozenset({"namespace", "kube_context", "kubeconfig", "kind",
+                                "code_in_image", "api_client"})
+
+
 @dataclass(frozen=True)
 class TargetKind:
     """One family of instance types and the backend that runs it."""
@@ -67,6 +76,8 @@ class TargetKind:
     """Every rank runs on this machine: bounded by its cores, its devices decide cpu_offload."""
     max_hosts: int | None = None
     example: str = ""
+    hardware: Callable[[str], str] = str
+    """The instance type the planner's table knows (Kubernetes drops its "k8s:" prefix)."""
 
 
 TARGET_KINDS: tuple[TargetKind, ...] = (
@@ -82,6 +93,12 @@ TARGET_KINDS: tuple[TargetKind, ...] = (
                "meshtrain.backends.sagemaker:SageMakerBackend", gpus_per_host=_sagemaker_gpus,
                options=_sagemaker_options, on_this_machine=False,
                example="an Amazon SageMaker type such as 'ml.p4d.24xlarge'"),
+    TargetKind("kubernetes", "Kubernetes", lambda t: t.startswith(KUBERNETES_PREFIX),
+               "meshtrain.backends.kubernetes.backend:KubernetesBackend",
+               gpus_per_host=_kubernetes_gpus, options=lambda: KUBERNETES_OPTIONS,
+               on_this_machine=False,
+               example="'k8s:' and a node type for Kubernetes, e.g. 'k8s:ml.p5.48xlarge'",
+               hardware=lambda t: t.removeprefix(KUBERNETES_PREFIX)),
 )
 FIXED_NAMES = ("local", "local_gpu")
 """The instance types that are names rather than patterns (for a did-you-mean)."""
@@ -98,6 +115,11 @@ class Target:
     @property
     def name(self) -> str:
         return self.kind.name
+
+    @property
+    def hardware_type(self) -> str:
+        """The instance type as the planner's table names it."""
+        return self.kind.hardware(self.instance_type)
 
     @property
     def on_this_machine(self) -> bool:

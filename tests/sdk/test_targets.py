@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from meshtrain.backends.kubernetes.backend import KubernetesBackend
 from meshtrain.backends.local import LocalBackend
 from meshtrain.backends.sagemaker import SageMakerBackend
 from meshtrain.errors import ConfigError
@@ -13,6 +14,7 @@ from meshtrain.targets import TARGET_KINDS, known_options, local_gpu_count, reso
 @pytest.mark.parametrize("instance_type, kind, gpus", [
     ("local", "local", 0), ("ml.p4d.24xlarge", "sagemaker", 8), ("ml.g5.12xlarge", "sagemaker", 4),
     ("ml.m5.xlarge", "sagemaker", 0), ("ml.p5.48xlarge", "sagemaker", 8),
+    ("k8s:ml.p4d.24xlarge", "kubernetes", 8), ("k8s:ml.m5.xlarge", "kubernetes", 0),
 ])
 def test_each_instance_type_resolves_to_its_kind_and_gpus(instance_type, kind, gpus):
     target = resolve_target(instance_type)
@@ -44,12 +46,16 @@ def test_instance_type_must_be_a_non_empty_string(value):
 def test_every_kind_names_its_backend_class_and_options(tmp_path):
     assert isinstance(resolve_target("local").backend(jobs_dir=tmp_path), LocalBackend)
     assert isinstance(resolve_target("ml.m5.xlarge").backend(), SageMakerBackend)
+    assert isinstance(resolve_target("k8s:ml.m5.xlarge").backend(namespace="team"),
+                      KubernetesBackend)
+    assert resolve_target("k8s:ml.p5.48xlarge").hardware_type == "ml.p5.48xlarge"
     assert resolve_target("local").options == frozenset({"jobs_dir"})
     assert {"sagemaker_session", "subnets"} <= resolve_target("ml.m5.xlarge").options
     assert known_options() == frozenset().union(*(k.options() for k in TARGET_KINDS))
 
 
 def test_no_two_kinds_claim_the_same_instance_type():
-    for instance_type in ("local", "local_gpu", "ml.p4d.24xlarge", "ml.m5.xlarge"):
+    for instance_type in ("local", "local_gpu", "ml.p4d.24xlarge", "ml.m5.xlarge",
+                          "k8s:ml.p5.48xlarge"):
         claims = [kind.name for kind in TARGET_KINDS if kind.matches(instance_type)]
         assert len(claims) == 1, (instance_type, claims)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.targets import resolve_target
+from meshtrain.targets import KUBERNETES_PREFIX, resolve_target
 
 EFA_INTERFACES = {
     "p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32,
@@ -32,7 +32,7 @@ class NodeResources:
 def node_resources(spec: JobSpec) -> NodeResources:
     """GPUs, EFA interfaces and processes per pod for `spec`'s instance type."""
     target = resolve_target(spec.instance_type)
-    node_type = spec.instance_type.removeprefix("ml.")
+    node_type = spec.instance_type.removeprefix(KUBERNETES_PREFIX).removeprefix("ml.")
     processes = spec.distribution_config().processes_per_host(target.gpus_per_host)
     limits: dict[str, str] = {}
     if target.gpus_per_host:

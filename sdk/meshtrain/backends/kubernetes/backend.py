@@ -1,0 +1,84 @@
+"""Jobs on a Kubernetes cluster with the Kubeflow training operator, through the official
+`kubernetes` client (`pip install 'meshtrain[k8s]'`).
+
+`instance_type="k8s:ml.p4d.24xlarge"` runs on nodes of that type; backend options `namespace`,
+`kube_context`, `kubeconfig`, `kind` ("PyTorchJob" or "TrainJob") and `code_in_image` choose
+where and how. submit() creates the ConfigMap (which also keeps the JobSpec, for attach) and the
+job; the handle maps the job's conditions to DescribeTrainingJob's statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshtrain.backends.kubernetes.handle import SPEC_KEY, KubernetesTrainingJob, job_api
+from meshtrain.backends.kubernetes.render import render_spec
+from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.jobspec import JobSpec
+
+
+def _client_module() -> Any:
+    try:
+        import kubernetes
+    except ImportError:
+        raise ConfigError("Kubernetes jobs need the kubernetes client: pip install "
+                          "'meshtrain[k8s]' (or render a manifest with `meshtrain k8s render`, "
+                          "which needs nothing).") from None
+    return kubernetes
+
+
+class KubernetesBackend:
+    """Submit to, and find jobs on, one namespace of one cluster."""
+
+    name = "kubernetes"
+
+    def __init__(self, namespace: str = "default", kube_context: str | None = None,
+                 kubeconfig: str | None = None, kind: str = "PyTorchJob",
+                 code_in_image: bool = False, api_client: Any = None) -> None:
+        self.namespace, self.kind, self.code_in_image = namespace, kind, code_in_image
+        self._context, self._kubeconfig, self._api_client = kube_context, kubeconfig, api_client
+
+    @property
+    def api_client(self) -> Any:
+        """The client, loaded from the kubeconfig on first use (not at construction)."""
+        if self._api_client is None:
+            kubernetes = _client_module()
+            self._api_client = kubernetes.config.new_client_from_config(
+                config_file=self._kubeconfig, context=self._context)
+        return self._api_client
+
+    def render(self, spec: JobSpec) -> list[dict[str, Any]]:
+        objects = render_spec(spec, namespace=self.namespace, kind=self.kind,
+                              code_in_image=self.code_in_image)
+        objects[0]["data"][SPEC_KEY] = spec.to_json()
+        return objects
+
+    def validate(self, spec: JobSpec) -> None:
+        self.render(spec)  # every check runs; nothing is sent
+
+    def submit(self, spec: JobSpec) -> KubernetesTrainingJob:
+        config_map, job = self.render(spec)
+        kubernetes = _client_module()
+        core = kubernetes.client.CoreV1Api(self.api_client)
+        try:
+            core.create_namespaced_config_map(self.namespace, config_map)
+        except kubernetes.client.ApiException as error:
+            if error.status == 409:
+                raise ConfigError(f"a job named {spec.job_name!r} already exists in namespace "
+                                  f"{self.namespace!r} (its ConfigMap {spec.job_name}-config): "
+                                  "choose another job_name.") from None
+            raise
+        group, version, plural = job_api(self.kind)
+        try:
+            kubernetes.client.CustomObjectsApi(self.api_client).create_namespaced_custom_object(
+                group, version, self.namespace, plural, job)
+        except kubernetes.client.ApiException:
+            core.delete_namespaced_config_map(config_map["metadata"]["name"], self.namespace)
+            raise
+        return self.attach(spec.job_name)
+
+    def attach(self, job_name: str) -> KubernetesTrainingJob:
+        return KubernetesTrainingJob(job_name, self.namespace, self.kind, self.api_client)
+
+    def load_spec(self, job_name: str) -> JobSpec:
+        return self.attach(job_name).spec()
