@@ -25,22 +25,25 @@ if TYPE_CHECKING:
 
 
 def render_all(estimator: Estimator, *, job_name: str, namespace: str = "default",
-               kind: str = "PyTorchJob", inputs: Any = None,
-               code_in_image: bool = False) -> list[dict[str, Any]]:
-    """[ConfigMap, job]: the job's /opt/ml contract (and code) and the job that runs it."""
+               kind: str = "PyTorchJob", inputs: Any = None, code_in_image: bool = False,
+               rendezvous: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """[ConfigMap, job]: the job's /opt/ml contract (and code) and the job that runs it.
+    `rendezvous` asks for an elastic PyTorchJob, e.g. ``{"backend": "etcd-v2", "host":
+    "etcd.kubeflow", "min_replicas": 2, "max_restarts": 3}`` (docs/kubernetes.md)."""
     if not isinstance(job_name, str):
         raise ConfigError(f"job_name must be a string, got {job_name!r}.")
     check_job_name(job_name, estimator.instance_count)  # Kubernetes' rule before SageMaker's
     spec = estimator.build_spec(inputs, job_name=job_name)
-    return render_spec(spec, namespace=namespace, kind=kind, code_in_image=code_in_image)
+    return render_spec(spec, namespace=namespace, kind=kind, code_in_image=code_in_image,
+                       rendezvous=rendezvous)
 
 
 def render(estimator: Estimator, *, job_name: str, namespace: str = "default",
-           kind: str = "PyTorchJob", inputs: Any = None, code_in_image: bool = False
-           ) -> dict[str, Any]:
+           kind: str = "PyTorchJob", inputs: Any = None, code_in_image: bool = False,
+           rendezvous: dict[str, Any] | None = None) -> dict[str, Any]:
     """The PyTorchJob (or TrainJob) object alone; it needs the ConfigMap `render_all` adds."""
     return render_all(estimator, job_name=job_name, namespace=namespace, kind=kind,
-                      inputs=inputs, code_in_image=code_in_image)[1]
+                      inputs=inputs, code_in_image=code_in_image, rendezvous=rendezvous)[1]
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

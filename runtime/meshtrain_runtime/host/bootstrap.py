@@ -34,10 +34,12 @@ from meshtrain.contract.failures import (
     write_host_record,
 )
 from meshtrain.contract.paths import OptMLPaths
+from meshtrain_runtime.host import rendezvous
 from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
 from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
 from meshtrain_runtime.host.lifeline import die_with_parent
 from meshtrain_runtime.host.provision import ProvisionError, provision_code
+from meshtrain_runtime.host.watchdog import HANG_TIMEOUT_ENV
 
 USER_ERROR = 1
 FRAMEWORK_ERROR = 2
@@ -62,12 +64,16 @@ def build_command(contract: HostContract, script: Path, log_dir: Path | None = N
     if not contract.torch_distributed:
         return [PYTHON, *wrapped]
     command = [PYTHON, "-m", "meshtrain_runtime.host.agent_entry",
-               "--nnodes", str(len(contract.hosts)),
                "--nproc-per-node", str(contract.processes_per_host)]
-    if len(contract.hosts) > 1 or names.MESHTRAIN_MASTER_PORT in os.environ:
-        command += ["--master-addr", contract.master_addr,
-                    "--master-port", str(contract.master_port),
-                    "--node-rank", str(contract.host_rank)]
+    elastic = rendezvous.elastic_arguments(os.environ, contract.job_name, len(contract.hosts))
+    if elastic is not None:
+        command += elastic
+    else:
+        command += ["--nnodes", str(len(contract.hosts))]
+        if len(contract.hosts) > 1 or names.MESHTRAIN_MASTER_PORT in os.environ:
+            command += ["--master-addr", contract.master_addr,
+                        "--master-port", str(contract.master_port),
+                        "--node-rank", str(contract.host_rank)]
     log_dir = log_dir or host_work_dir(contract.paths) / "torchrun"
     return [*command, "--tee", "3", "--log-dir", str(log_dir), *wrapped]
 
@@ -81,6 +87,9 @@ def build_environment(contract: HostContract, error_dir: Path) -> dict[str, str]
     threads = max(1, (os.cpu_count() or 1) // contract.processes_per_host)
     env.setdefault("OMP_NUM_THREADS", str(threads))  # also silences torchrun's banner
     env.setdefault("PYTHONUNBUFFERED", "1")
+    hang_timeout = contract.distribution().torch_distributed.hang_timeout
+    if hang_timeout:
+        env[HANG_TIMEOUT_ENV] = str(hang_timeout)
     return env
 
 
@@ -216,6 +225,10 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
     error_dir = work_dir / "rank-errors"
     error_dir.mkdir(parents=True, exist_ok=True)
     command = build_command(contract, script, work_dir / "torchrun")
+    if contract.torch_distributed and len(contract.hosts) > 1:
+        elastic = rendezvous.elastic_arguments(os.environ, contract.job_name,
+                                               len(contract.hosts))
+        rendezvous.wait_until_resolvable(rendezvous.endpoint_host(elastic, contract.master_addr))
     code, tail = run_streaming(command, build_environment(contract, error_dir), paths.code_dir,
                                forwarder)
     if code == 0 and forwarder.received is None:
@@ -247,7 +260,7 @@ def main() -> None:
     paths = OptMLPaths.from_env()
     try:
         code = train(paths, forwarder)
-    except (ConfigError, ProvisionError) as error:
+    except (ConfigError, ProvisionError, rendezvous.RendezvousError) as error:
         _host_failure(paths, "ClientError", str(error))
         print(f"meshtrain: {error}", file=sys.stderr)
         code = USER_ERROR

@@ -87,6 +87,10 @@ class HostContract:
         return str(self.reserved.get(hp.PROGRAM, ""))
 
     @property
+    def job_name(self) -> str:
+        return str(self.reserved.get(hp.JOB_NAME, ""))
+
+    @property
     def torch_distributed(self) -> bool:
         return bool(self.framework_params.get(hp.TORCH_DISTRIBUTED_ENABLED, False))
 
@@ -126,7 +130,7 @@ class HostContract:
             "additional_framework_parameters": self.framework_params,
             "input_config_dir": str(p.input_config_dir),
             "input_data_config": self.input_data_config,
-            "input_dir": str(p.input_dir), "job_name": self.reserved.get(hp.JOB_NAME, ""),
+            "input_dir": str(p.input_dir), "job_name": self.job_name,
             "log_level": self.reserved.get(hp.CONTAINER_LOG_LEVEL, 20),
             "model_dir": str(p.model_dir), "module_dir": str(p.code_dir),
             "module_name": Path(self.entry_point).stem, "network_interface_name":

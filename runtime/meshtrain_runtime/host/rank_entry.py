@@ -99,7 +99,9 @@ def run_entry_point(script: str, args: list[str]) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         from meshtrain_runtime.compat import install_for_rank
+        from meshtrain_runtime.host.watchdog import start_from_env
 
+        start_from_env()  # torch_distributed.hang_timeout (docs/local-jobs.md)
         install_for_rank()  # `import torch.sagemaker` for SMP jobs (docs/smp-compat.md)
         runpy.run_path(script, run_name="__main__")
         code = 0

@@ -130,6 +130,9 @@ class TorchDistributed(_Strict):
     enabled: bool = False
     processes_per_host: int | None = Field(None, ge=1)
     """meshtrain extension: processes per host (default: GPUs on the host, else 1)."""
+    hang_timeout: int | None = Field(None, ge=1)
+    """meshtrain extension: seconds without progress (an optimizer step) after which every
+    rank dumps its stack and the job fails naming the rank the others wait for."""
 
 
 class ModelParallel(_Strict):

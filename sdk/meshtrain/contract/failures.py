@@ -21,7 +21,8 @@ HOST_RECORD = "failure.json"  # in the host's work directory (MESHTRAIN_HOST_WOR
 OOM_INFO = "OutOfMemory: Process killed by SIGKILL (signal 9)"
 SECONDARY_ERROR = re.compile(
     r"Connection reset by peer|Connection closed by peer|Broken pipe|gloo/transport|"
-    r"NCCL communicator was aborted|DistBackendError", re.IGNORECASE)
+    r"NCCL communicator was aborted|DistBackendError|waiting in a collective for a peer",
+    re.IGNORECASE)
 # Signals a job's own machinery sends to ranks it stops after another rank failed.
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 CONSEQUENCE_TEXT = 70  # characters of each consequence's message in a reason

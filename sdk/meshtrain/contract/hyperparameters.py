@@ -29,6 +29,8 @@ INSTANCE_TYPE = "sagemaker_instance_type"
 DATAPARALLEL_ENABLED = "sagemaker_distributed_dataparallel_enabled"
 PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"
 """The toolkit's override of processes per host, also honoured by AWS's images."""
+HANG_TIMEOUT = "sagemaker_meshtrain_hang_timeout"
+"""meshtrain's torch_distributed.hang_timeout, a framework parameter (not a script argument)."""
 MP_PARAMETERS = "mp_parameters"
 """SMP v2's parameters, a user-level hyperparameter as the SDK sends it."""
 
@@ -44,6 +46,8 @@ def encode_distribution(config: DistributionConfig, instance_type: str) -> dict[
         extra[DATAPARALLEL_ENABLED] = False
     if config.torch_distributed.processes_per_host:
         extra[PROCESSES_PER_HOST] = config.torch_distributed.processes_per_host
+    if config.torch_distributed.hang_timeout:
+        extra[HANG_TIMEOUT] = config.torch_distributed.hang_timeout
     return extra
 
 
@@ -56,6 +60,8 @@ def decode_distribution(framework: Mapping[str, Any],
     processes = framework.get(PROCESSES_PER_HOST)
     if processes:
         torch_distributed["processes_per_host"] = int(processes)
+    if framework.get(HANG_TIMEOUT):
+        torch_distributed["hang_timeout"] = int(framework[HANG_TIMEOUT])
     distribution: dict[str, Any] = {"torch_distributed": torch_distributed}
     if isinstance(user.get(MP_PARAMETERS), dict) and user[MP_PARAMETERS]:
         distribution["smdistributed"] = {"modelparallel": {

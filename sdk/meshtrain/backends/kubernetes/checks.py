@@ -16,6 +16,7 @@ MAX_NAME = 63
 WORKER_SUFFIX = "-worker-"
 KINDS = ("PyTorchJob", "TrainJob")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
+RDZV_KEYS = ("backend", "host", "port", "min_replicas", "max_restarts")
 PVC_SCHEME = "pvc://"
 
 
@@ -86,3 +87,21 @@ def check_spec(spec: JobSpec, *, gpus: int, processes: int) -> None:
         pvc_mount(uri, f"input channel {channel!r}")
     if spec.output_path:
         pvc_mount(spec.output_path, "output_path")
+
+
+def check_rendezvous(backend: Any, rendezvous: dict[str, Any]) -> None:
+    """An elastic rendezvous the bootstrap can join."""
+    unknown = sorted(set(rendezvous) - set(RDZV_KEYS))
+    if unknown:
+        raise ConfigError(f"rendezvous keys {unknown} are unknown; use {', '.join(RDZV_KEYS)}.")
+    if backend not in RDZV_BACKENDS:
+        raise ConfigError(f"rendezvous backend {backend!r} is not one of "
+                          f"{', '.join(RDZV_BACKENDS)}.")
+    for key in ("port", "min_replicas", "max_restarts"):
+        value = rendezvous.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise ConfigError(f"rendezvous {key}={value!r} must be a non-negative int.")
+    if "etcd" in backend and not rendezvous.get("host"):
+        raise ConfigError("an etcd rendezvous needs host= (the etcd service's name, e.g. "
+                          "'etcd.kubeflow'): meshtrain does not start etcd in the job.")

@@ -169,8 +169,25 @@ def _pod_template(spec: JobSpec, limits: dict[str, str], node_type: str,
     }
 
 
+def elastic_policy(spec: JobSpec, rendezvous: dict[str, Any]) -> dict[str, Any]:
+    """A PyTorchJob elasticPolicy; the operator hands it to every pod as torchrun's PET_RDZV_*
+    variables, which the bootstrap's elastic rendezvous reads (meshtrain_runtime.host)."""
+    backend = rendezvous.get("backend", "c10d")
+    checks.check_rendezvous(backend, rendezvous)
+    host = rendezvous.get("host") or f"{spec.job_name}-master-0"
+    minimum = rendezvous.get("min_replicas") or spec.instance_count
+    if not 1 <= minimum <= spec.instance_count:
+        raise ConfigError(f"min_replicas={minimum} must be between 1 and instance_count="
+                          f"{spec.instance_count}.")
+    return {"rdzvBackend": backend, "rdzvHost": host,
+            "rdzvPort": int(rendezvous.get("port") or (2379 if "etcd" in backend else 29400)),
+            "rdzvId": spec.job_name, "minReplicas": minimum, "maxReplicas": spec.instance_count,
+            "maxRestarts": int(rendezvous.get("max_restarts") or 0)}
+
+
 def render_pytorchjob(spec: JobSpec, *, namespace: str, processes: int, limits: dict[str, str],
-                      node_type: str) -> dict[str, Any]:
+                      node_type: str, rendezvous: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
     """A kubeflow.org/v1 PyTorchJob: one Master, instance_count - 1 Workers."""
     template = _pod_template(spec, limits, node_type)
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never",
@@ -184,6 +201,8 @@ def render_pytorchjob(spec: JobSpec, *, namespace: str, processes: int, limits: 
         "runPolicy": {"activeDeadlineSeconds": spec.max_run, "backoffLimit": 0,
                       "cleanPodPolicy": "None"},
     }
+    if rendezvous:
+        job_spec["elasticPolicy"] = elastic_policy(spec, rendezvous)
     return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob",
             "metadata": {"name": spec.job_name, "namespace": namespace,
                          "labels": labels(spec.job_name)},
@@ -222,8 +241,14 @@ def render_trainjob(spec: JobSpec, *, namespace: str, processes: int, limits: di
 
 
 def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTorchJob",
-                code_in_image: bool = False) -> list[dict[str, Any]]:
-    """[ConfigMap, job] for `spec`; ConfigError before anything is rendered."""
+                code_in_image: bool = False, rendezvous: dict[str, Any] | None = None
+                ) -> list[dict[str, Any]]:
+    """[ConfigMap, job] for `spec`; ConfigError before anything is rendered. `rendezvous`
+    (PyTorchJob only) asks for an elastic one: backend ("c10d", "etcd" or "etcd-v2"), host,
+    port, min_replicas, max_restarts."""
+    if rendezvous and kind != "PyTorchJob":
+        raise ConfigError("rendezvous= is rendered for PyTorchJob only (a TrainJob's runtime "
+                          "owns its rendezvous).")
     checks.check_kind(kind)
     checks.check_namespace(namespace)
     resources = node_resources(spec)
@@ -232,5 +257,5 @@ def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTor
     common = {"namespace": namespace, "processes": resources.processes,
               "limits": resources.limits, "node_type": resources.node_type}
     if kind == "PyTorchJob":
-        return [config_map, render_pytorchjob(spec, **common)]
+        return [config_map, render_pytorchjob(spec, rendezvous=rendezvous, **common)]
     return [config_map, render_trainjob(spec, **common)]

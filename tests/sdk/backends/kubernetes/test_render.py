@@ -165,3 +165,31 @@ def test_cli_prints_a_manifest_kubectl_reads(source, capsys):
     assert main(["k8s", "render", "train.py", "--source-dir", str(source), "--instance-type",
                  "ml.p5.48xlarge", "--image", "x", "--job-name", "Bad_Name"]) == 2
     assert "DNS-1035" in capsys.readouterr().err
+
+
+def test_an_elastic_rendezvous_renders_an_elastic_policy(source):
+    job = kubernetes.render(estimator(source, instance_count=4), job_name="elastic",
+                            rendezvous={"backend": "etcd-v2", "host": "etcd.kubeflow",
+                                        "min_replicas": 2, "max_restarts": 3})
+    validate(job)
+    assert job["spec"]["elasticPolicy"] == {
+        "rdzvBackend": "etcd-v2", "rdzvHost": "etcd.kubeflow", "rdzvPort": 2379,
+        "rdzvId": "elastic", "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 3}
+    c10d = kubernetes.render(estimator(source), job_name="c10d", rendezvous={"backend": "c10d"})
+    validate(c10d)
+    assert (c10d["spec"]["elasticPolicy"]["rdzvHost"],
+            c10d["spec"]["elasticPolicy"]["rdzvPort"]) == ("c10d-master-0", 29400)
+
+
+@pytest.mark.parametrize("rendezvous, kind, message", [
+    ({"backend": "zookeeper"}, "PyTorchJob", "not one of"),
+    ({"backend": "etcd"}, "PyTorchJob", "needs host="),
+    ({"backend": "c10d", "min_replicas": 3}, "PyTorchJob", "between 1 and instance_count=2"),
+    ({"backend": "c10d", "port": "80"}, "PyTorchJob", "non-negative int"),
+    ({"backend": "c10d", "hosts": "x"}, "PyTorchJob", "unknown"),
+    ({"backend": "c10d"}, "TrainJob", "PyTorchJob only"),
+])
+def test_a_rendezvous_the_pods_cannot_join_is_a_config_error(source, rendezvous, kind, message):
+    with pytest.raises(ConfigError, match=message):
+        kubernetes.render(estimator(source), job_name="elastic", kind=kind,
+                          rendezvous=rendezvous)

@@ -1,0 +1,67 @@
+"""The hang watchdog: which stuck rank is the cause, what it records, how the key travels."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import traceback
+
+from meshtrain.contract import hyperparameters as hp
+from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.contract.failures import RankFailure, pick_root_cause
+from meshtrain_runtime.host.watchdog import in_collective
+
+
+def stack(*files: str) -> traceback.StackSummary:
+    return traceback.StackSummary.from_list([(f, 1, "f", "") for f in files])
+
+
+def test_a_rank_inside_torch_distributed_or_autograd_is_waiting_in_a_collective():
+    site = "/venv/lib/python3.11/site-packages/torch"
+    assert in_collective(stack("/job/train.py", f"{site}/distributed/distributed_c10d.py"))
+    assert in_collective(stack("/job/train.py", f"{site}/autograd/graph.py"))
+    assert not in_collective(stack("/job/train.py", "/usr/lib/python3.11/threading.py"))
+
+
+PROBE = textwrap.dedent("""
+    import os, time
+    from meshtrain_runtime.host import watchdog
+    os.environ["MESHTRAIN_HANG_TIMEOUT"] = "0.5"
+    watchdog.start_from_env()
+    time.sleep(30)  # the stuck line
+""")
+
+
+def test_a_stuck_rank_records_its_stack_and_exits(tmp_path):
+    env = {"RANK": "1", "MESHTRAIN_RANK_ERROR_DIR": str(tmp_path), "SM_CURRENT_HOST": "algo-2",
+           "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
+    script = tmp_path / "stuck.py"
+    script.write_text(PROBE)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    record = json.loads((tmp_path / "rank-1.json").read_text())
+    assert record["message"].startswith("Hang: no progress for 0.5 s and not in a collective")
+    assert "time.sleep(30)" in record["traceback"] and record["host"] == "algo-2"
+    assert "time.sleep(30)" in done.stderr
+
+
+def test_the_waiting_rank_is_a_consequence_and_the_stuck_one_the_root_cause():
+    waiting = RankFailure("algo-1", 0, 1.0, "exception",
+                          "Hang: no progress for 10 s, waiting in a collective for a peer")
+    stuck = RankFailure("algo-1", 1, 2.0, "exception",
+                        "Hang: no progress for 10 s and not in a collective")
+    root, others = pick_root_cause([waiting, stuck])
+    assert root is stuck and others == [waiting]
+
+
+def test_hang_timeout_travels_as_a_framework_parameter():
+    config = DistributionConfig.from_dict({"torch_distributed": {"enabled": True,
+                                                                 "hang_timeout": 30}})
+    encoded = hp.encode_distribution(config, "local")
+    assert encoded[hp.HANG_TIMEOUT] == 30
+    _, framework, user = hp.split_hyperparameters(encoded)
+    assert hp.HANG_TIMEOUT in framework and not user  # never a script argument
+    assert DistributionConfig.from_dict(hp.decode_distribution(framework, user)) == config
