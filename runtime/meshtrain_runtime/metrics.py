@@ -10,7 +10,10 @@
 
 and any further keyword as ``train:<name>``. ``log_metric(name, value, step)`` prints one line of
 any name. The line format is :mod:`meshtrain.contract.metrics`; SageMaker jobs get matching
-MetricDefinitions from the Estimator. Importing this module does not import torch.
+MetricDefinitions from the Estimator. When the `tensorboard` package is installed (and the script
+uses torch), rank 0 also writes every value as a TensorBoard scalar into
+``/opt/ml/output/tensorboard`` (SageMaker's TensorBoardOutputConfig default). Importing this
+module does not import torch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from typing import Any
 
 from meshtrain.contract.metrics import format_metric_line
+from meshtrain.contract.paths import OptMLPaths
 from meshtrain_runtime.throughput import FlopCounter, peak_flops_per_device
 
 GIB = 1024**3
@@ -36,14 +40,46 @@ def _print_lines(lines: list[str]) -> None:
         print("\n".join(lines), file=sys.stdout, flush=True)
 
 
+_tensorboard: Any = None  # None: not tried yet; False: not available
+
+
+def _tensorboard_writer() -> Any:
+    """Rank 0's SummaryWriter, made on first use; None without tensorboard (or torch)."""
+    global _tensorboard
+    if _tensorboard is None:
+        _tensorboard = False
+        paths = OptMLPaths.from_env()
+        # Inside a job only (its output folder exists), and never importing torch for a script
+        # that does not use it.
+        if "torch" in sys.modules and paths.output_dir.is_dir():
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # the tensorboard package is optional
+                return None
+            _tensorboard = SummaryWriter(log_dir=str(paths.tensorboard_dir))
+    return _tensorboard or None
+
+
+def _write_scalars(values: dict[str, float], step: int | None) -> None:
+    if not _is_rank_zero() or not values:
+        return
+    writer = _tensorboard_writer()
+    if writer is not None:
+        for name, value in values.items():
+            writer.add_scalar(name, value, global_step=step)
+        writer.flush()
+
+
 def log_metric(name: str, value: float, step: int | None = None) -> None:
     """Print one metric line on global rank 0 (flushed, so the log shows it at once)."""
     _print_lines([format_metric_line(name, value, step)])
+    _write_scalars({name: float(value)}, step)
 
 
 def log_metrics(step: int | None = None, **values: float) -> None:
     """`log_metric` for each keyword, e.g. ``log_metrics(loss=0.25, lr=1e-4, step=10)``."""
     _print_lines([format_metric_line(name, value, step) for name, value in values.items()])
+    _write_scalars({name: float(value) for name, value in values.items()}, step)
 
 
 class MetricsLogger:
@@ -92,6 +128,7 @@ class MetricsLogger:
         """Print the metrics on global rank 0 and return them (every rank)."""
         metrics = self.values(**values)
         _print_lines([format_metric_line(name, value, step) for name, value in metrics.items()])
+        _write_scalars(metrics, step)
         return metrics
 
 
@@ -136,6 +173,9 @@ def log(step: int | None = None, **values: Any) -> dict[str, float]:
 
 
 def reset() -> None:
-    """Forget the default logger (its clock and FLOP count)."""
-    global _default
+    """Forget the default logger (its clock and FLOP count) and close the TensorBoard writer."""
+    global _default, _tensorboard
     _default = None
+    if _tensorboard:
+        _tensorboard.close()
+    _tensorboard = None

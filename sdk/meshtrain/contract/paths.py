@@ -65,6 +65,11 @@ class OptMLPaths:
         return self.output_dir / "data"
 
     @property
+    def tensorboard_dir(self) -> Path:
+        """Where SageMaker's TensorBoardOutputConfig reads event files (its LocalPath default)."""
+        return self.output_dir / "tensorboard"
+
+    @property
     def output_intermediate_dir(self) -> Path:
         return self.output_dir / "intermediate"
 
