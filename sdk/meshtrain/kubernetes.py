@@ -29,7 +29,8 @@ def render_all(estimator: Estimator, *, job_name: str, namespace: str = "default
                rendezvous: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """[ConfigMap, job]: the job's /opt/ml contract (and code) and the job that runs it.
     `rendezvous` asks for an elastic PyTorchJob, e.g. ``{"backend": "etcd-v2", "host":
-    "etcd.kubeflow", "min_replicas": 2, "max_restarts": 3}`` (docs/kubernetes.md)."""
+    "etcd.kubeflow", "min_replicas": 2}`` (docs/kubernetes.md); the distribution's
+    ``torch_distributed.max_restarts`` becomes its maxRestarts."""
     if not isinstance(job_name, str):
         raise ConfigError(f"job_name must be a string, got {job_name!r}.")
     check_job_name(job_name, estimator.instance_count)  # Kubernetes' rule before SageMaker's

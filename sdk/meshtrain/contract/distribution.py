@@ -130,6 +130,10 @@ class TorchDistributed(_Strict):
     enabled: bool = False
     processes_per_host: int | None = Field(None, ge=1)
     """meshtrain extension: processes per host (default: GPUs on the host, else 1)."""
+    max_restarts: int = Field(0, ge=0)
+    """meshtrain extension: times every host of a job is restarted after a failure (a new
+    rendezvous, the same job). Honoured on Kubernetes (elasticPolicy.maxRestarts); other
+    targets refuse a non-zero value until they restart jobs."""
     hang_timeout: int | None = Field(None, ge=1)
     """meshtrain extension: seconds without progress (an optimizer step) after which every
     rank dumps its stack and the job fails naming the rank the others wait for."""

@@ -64,3 +64,12 @@ def degenerate_layout_notes(params: SMPParameters, degrees: ResolvedDegrees) -> 
         notes.append(f"sharding_strategy={asked!r} in a job of one rank has no effect: there is "
                      "nothing to shard over. Add processes or hosts, or drop sharding_strategy.")
     return notes
+
+
+def check_restarts_supported(max_restarts: int, target: str) -> None:
+    """A target that does not restart jobs refuses torch_distributed.max_restarts > 0."""
+    if max_restarts:
+        raise ConfigError(
+            f"torch_distributed.max_restarts={max_restarts}: {target} jobs are not restarted "
+            "by meshtrain yet; only Kubernetes jobs are (elasticPolicy.maxRestarts). Remove it, "
+            "or resume from latest_checkpoint() in a new job.")

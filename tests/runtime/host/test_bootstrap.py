@@ -46,8 +46,9 @@ def test_torchrun_command_uses_static_rendezvous_with_algo1_as_node0(tmp_path):
     contract = host_tree(tmp_path)
     command = bootstrap.build_command(contract, contract.paths.code_dir / "train.py")
     text = " ".join(command)
-    assert "-m meshtrain_runtime.host.agent_entry --nnodes 3 --nproc-per-node 4" in text  # torchrun
+    assert "-m meshtrain_runtime.host.agent_entry --nproc-per-node 4 --nnodes 3" in text  # torchrun
     assert "--master-addr algo-1 --master-port 7777 --node-rank 1" in text
+    assert "--rdzv-backend" not in text  # static: algo-1 is node 0, as on SageMaker
     assert text.endswith(f"-m meshtrain_runtime.host.rank_entry {contract.paths.code_dir}/train.py "
                          '--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x')
 

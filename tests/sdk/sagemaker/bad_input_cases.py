@@ -407,6 +407,9 @@ ML_CASES = {
     "ml-max-run": ({"max_run": 0}, {}, "max_run must be"),
     "ml-entry-typo": ({"entry_point": "trian.py"}, {}, "Did you mean 'train.py'"),
     "ml-env-nul": ({"environment": {"X": "\x00"}}, {}, "NUL"),
+    "ml-max-restarts": ({"distribution": {"torch_distributed": {"enabled": True,
+                                                                "max_restarts": 2}}}, {},
+                        "SageMaker jobs are not restarted"),
 }
 
 # Valid arguments that must pass every check (Estimator + build_spec + backend.validate).

@@ -16,7 +16,7 @@ MAX_NAME = 63
 WORKER_SUFFIX = "-worker-"
 KINDS = ("PyTorchJob", "TrainJob")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
-RDZV_KEYS = ("backend", "host", "port", "min_replicas", "max_restarts")
+RDZV_KEYS = ("backend", "host", "port", "min_replicas")
 PVC_SCHEME = "pvc://"
 
 
@@ -97,7 +97,7 @@ def check_rendezvous(backend: Any, rendezvous: dict[str, Any]) -> None:
     if backend not in RDZV_BACKENDS:
         raise ConfigError(f"rendezvous backend {backend!r} is not one of "
                           f"{', '.join(RDZV_BACKENDS)}.")
-    for key in ("port", "min_replicas", "max_restarts"):
+    for key in ("port", "min_replicas"):
         value = rendezvous.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 0):

@@ -182,7 +182,7 @@ def elastic_policy(spec: JobSpec, rendezvous: dict[str, Any]) -> dict[str, Any]:
     return {"rdzvBackend": backend, "rdzvHost": host,
             "rdzvPort": int(rendezvous.get("port") or (2379 if "etcd" in backend else 29400)),
             "rdzvId": spec.job_name, "minReplicas": minimum, "maxReplicas": spec.instance_count,
-            "maxRestarts": int(rendezvous.get("max_restarts") or 0)}
+            "maxRestarts": spec.distribution_config().torch_distributed.max_restarts}
 
 
 def render_pytorchjob(spec: JobSpec, *, namespace: str, processes: int, limits: dict[str, str],
@@ -201,6 +201,8 @@ def render_pytorchjob(spec: JobSpec, *, namespace: str, processes: int, limits: 
         "runPolicy": {"activeDeadlineSeconds": spec.max_run, "backoffLimit": 0,
                       "cleanPodPolicy": "None"},
     }
+    if spec.distribution_config().torch_distributed.max_restarts and not rendezvous:
+        rendezvous = {"backend": "c10d"}  # restarts need a rendezvous the hosts can re-join
     if rendezvous:
         job_spec["elasticPolicy"] = elastic_policy(spec, rendezvous)
     return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob",
@@ -245,7 +247,11 @@ def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTor
                 ) -> list[dict[str, Any]]:
     """[ConfigMap, job] for `spec`; ConfigError before anything is rendered. `rendezvous`
     (PyTorchJob only) asks for an elastic one: backend ("c10d", "etcd" or "etcd-v2"), host,
-    port, min_replicas, max_restarts."""
+    port, min_replicas; the distribution's torch_distributed.max_restarts becomes maxRestarts."""
+    if kind == "TrainJob" and spec.distribution_config().torch_distributed.max_restarts:
+        raise ConfigError("torch_distributed.max_restarts is honoured through a PyTorchJob's "
+                          "elasticPolicy; a TrainJob's runtime owns its restarts. Use "
+                          "kind='PyTorchJob' or remove max_restarts.")
     if rendezvous and kind != "PyTorchJob":
         raise ConfigError("rendezvous= is rendered for PyTorchJob only (a TrainJob's runtime "
                           "owns its rendezvous).")

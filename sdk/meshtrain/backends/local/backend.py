@@ -22,6 +22,7 @@ from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.support import check_restarts_supported
 from meshtrain.display import JobDisplay, host_index, make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 from meshtrain.naming import is_generated_name, with_random_suffix
@@ -54,6 +55,8 @@ class LocalBackend:
         if spec.use_spot_instances:
             raise ConfigError("use_spot_instances is not supported by local jobs.")
         _check_local_locations(spec)
+        check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
+                                 "local")
         if not is_generated_name(spec.job_name) and self.job_directory(spec.job_name).root.exists():
             raise _name_taken(spec.job_name, self.jobs_dir)
 

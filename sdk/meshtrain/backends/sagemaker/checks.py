@@ -16,6 +16,7 @@ from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.degrees import resolve_degrees
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.support import check_restarts_supported
 from meshtrain.naming import check_job_name
 from meshtrain.plan.instances import gpus_per_instance
 
@@ -225,6 +226,8 @@ def check_training_job(spec: JobSpec, options: SageMakerOptions, region: str | N
     check_role(spec.role)
     check_instances(spec)
     check_stopping(spec)
+    check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
+                             "SageMaker")
     check_resources(spec)
     check_locations(spec, options)
     check_environment(spec.environment)

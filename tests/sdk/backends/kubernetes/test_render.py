@@ -168,9 +168,11 @@ def test_cli_prints_a_manifest_kubectl_reads(source, capsys):
 
 
 def test_an_elastic_rendezvous_renders_an_elastic_policy(source):
-    job = kubernetes.render(estimator(source, instance_count=4), job_name="elastic",
+    restarting = {"torch_distributed": {"enabled": True, "max_restarts": 3}}
+    job = kubernetes.render(estimator(source, instance_count=4, distribution=restarting),
+                            job_name="elastic",
                             rendezvous={"backend": "etcd-v2", "host": "etcd.kubeflow",
-                                        "min_replicas": 2, "max_restarts": 3})
+                                        "min_replicas": 2})
     validate(job)
     assert job["spec"]["elasticPolicy"] == {
         "rdzvBackend": "etcd-v2", "rdzvHost": "etcd.kubeflow", "rdzvPort": 2379,
@@ -179,6 +181,14 @@ def test_an_elastic_rendezvous_renders_an_elastic_policy(source):
     validate(c10d)
     assert (c10d["spec"]["elasticPolicy"]["rdzvHost"],
             c10d["spec"]["elasticPolicy"]["rdzvPort"]) == ("c10d-master-0", 29400)
+    assert c10d["spec"]["elasticPolicy"]["maxRestarts"] == 0
+    static = kubernetes.render(estimator(source), job_name="static")
+    assert "elasticPolicy" not in static["spec"]
+    # restarts alone: the hosts need a rendezvous they can meet again in, c10d by default
+    restarted = kubernetes.render(estimator(source, distribution=restarting), job_name="again")
+    validate(restarted)
+    assert (restarted["spec"]["elasticPolicy"]["rdzvBackend"],
+            restarted["spec"]["elasticPolicy"]["maxRestarts"]) == ("c10d", 3)
 
 
 @pytest.mark.parametrize("rendezvous, kind, message", [
@@ -188,8 +198,21 @@ def test_an_elastic_rendezvous_renders_an_elastic_policy(source):
     ({"backend": "c10d", "port": "80"}, "PyTorchJob", "non-negative int"),
     ({"backend": "c10d", "hosts": "x"}, "PyTorchJob", "unknown"),
     ({"backend": "c10d"}, "TrainJob", "PyTorchJob only"),
+    ({"backend": "c10d", "max_restarts": 2}, "PyTorchJob", "unknown"),
 ])
 def test_a_rendezvous_the_pods_cannot_join_is_a_config_error(source, rendezvous, kind, message):
     with pytest.raises(ConfigError, match=message):
         kubernetes.render(estimator(source), job_name="elastic", kind=kind,
                           rendezvous=rendezvous)
+
+
+def test_max_restarts_is_refused_where_it_cannot_be_honoured(source, tmp_path):
+    restarting = {"torch_distributed": {"enabled": True, "max_restarts": 2}}
+    with pytest.raises(ConfigError, match="a TrainJob's runtime owns its restarts"):
+        kubernetes.render(estimator(source, distribution=restarting), job_name="t",
+                          kind="TrainJob")
+    local = Estimator("train.py", source_dir=str(source), distribution=restarting,
+                      jobs_dir=str(tmp_path / "jobs"))
+    with pytest.raises(ConfigError, match="local jobs are not restarted"):
+        local.fit(job_name="no-restarts", wait=False)
+    assert not (tmp_path / "jobs").exists()  # refused before anything was created
