@@ -8,7 +8,6 @@ reason otherwise. The namespaces talk only to each other over a veth pair, never
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -20,12 +19,11 @@ from pathlib import Path
 
 import pytest
 from test_kubernetes_pods import (
-    DISTRIBUTION,
-    HYPERPARAMETERS,
-    QUICKSTART,
     last_loss,
+    local_job_loss,
     make_pod,
     pod_environment,
+    rendered_pods,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
@@ -120,22 +118,9 @@ def _in_host(space: str, hostname: str, hosts_file: Path, command: list[str]) ->
 
 
 def test_etcd_rendezvous_across_two_namespaces_matches_the_local_job(two_hosts, tmp_path):
-    from meshtrain import Estimator, kubernetes
-
     spaces, hosts_file = two_hosts
-    local = Estimator("train.py", source_dir=str(QUICKSTART), instance_count=2,
-                      hyperparameters=HYPERPARAMETERS, distribution=DISTRIBUTION,
-                      jobs_dir=str(tmp_path / "jobs"))
-    local.fit(job_name="local-twin", logs=False)
-    expected = last_loss(local.latest_training_job.log_lines())
-
-    cluster = Estimator("train.py", source_dir=str(QUICKSTART), instance_type="ml.m5.xlarge",
-                        instance_count=2, image_uri="meshtrain:test", preflight=False,
-                        hyperparameters=HYPERPARAMETERS, distribution=DISTRIBUTION)
-    shipped, _ = kubernetes.render_all(cluster, job_name="elastic")
-    code = base64.b64decode(shipped["binaryData"]["sourcedir.tar.gz"])
-    config_map, job = kubernetes.render_all(cluster, job_name="elastic", code_in_image=True)
-    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    expected = local_job_loss(tmp_path / "jobs")
+    config_map, container, code = rendered_pods("elastic")
     pods = []
     for index, replica in enumerate((("master", "0"), ("worker", "0"))):
         base = make_pod(tmp_path, f"host-{index + 1}", config_map, code)

@@ -70,21 +70,32 @@ def make_pod(root: Path, name: str, config_map: dict, code: bytes) -> Path:
     return base
 
 
-def test_rendered_pods_train_like_the_local_job(tmp_path):
+def local_job_loss(jobs_dir: Path) -> float:
+    """The quickstart's final loss as a local-process job (2 hosts x 2 processes)."""
     local = Estimator("train.py", source_dir=str(QUICKSTART), instance_count=2,
                       hyperparameters=HYPERPARAMETERS, distribution=DISTRIBUTION,
-                      jobs_dir=str(tmp_path / "jobs"))
+                      jobs_dir=str(jobs_dir))
     local.fit(job_name="local-twin", logs=False)
-    expected = last_loss(local.latest_training_job.log_lines())
+    return last_loss(local.latest_training_job.log_lines())
 
+
+def rendered_pods(job_name: str) -> tuple[dict, dict, bytes]:
+    """(ConfigMap, the pods' container, the code archive) of the quickstart as a PyTorchJob on
+    CPU nodes, the code baked into the image as /opt/ml/code."""
     cluster = Estimator("train.py", source_dir=str(QUICKSTART), instance_type="ml.m5.xlarge",
                         instance_count=2, image_uri="meshtrain:test", preflight=False,
                         hyperparameters=HYPERPARAMETERS, distribution=DISTRIBUTION)
-    shipped, _ = kubernetes.render_all(cluster, job_name="quickstart")
+    shipped, _ = kubernetes.render_all(cluster, job_name=job_name)
     code = base64.b64decode(shipped["binaryData"]["sourcedir.tar.gz"])
-    config_map, job = kubernetes.render_all(cluster, job_name="quickstart", code_in_image=True)
+    config_map, job = kubernetes.render_all(cluster, job_name=job_name, code_in_image=True)
     assert job["spec"]["nprocPerNode"] == "2"
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    return config_map, container, code
+
+
+def test_rendered_pods_train_like_the_local_job(tmp_path):
+    expected = local_job_loss(tmp_path / "jobs")
+    config_map, container, code = rendered_pods("quickstart")
     port = free_port()
     pods = []
     for name, replica in (("master-0", ("master", "0")), ("worker-0", ("worker", "0"))):

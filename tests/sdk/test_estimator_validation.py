@@ -118,8 +118,8 @@ def test_parameters_json_path_is_inlined_into_the_spec(source, tmp_path):
     dist = {**TD, "smdistributed": {"modelparallel": {"enabled": True,
                                                       "parameters": str(params)}}}
     spec = Estimator("train.py", source_dir=str(source), distribution=dist).build_spec()
-    assert spec.distribution["smdistributed"]["modelparallel"]["parameters"] == {
-        "hybrid_shard_degree": 2}
+    assert spec.distribution.raw_parameters == {"hybrid_shard_degree": 2}
+    assert spec.to_json().count('"hybrid_shard_degree": 2') == 1  # in the JSON, not the path
     assert spec.distribution_hyperparameters()["mp_parameters"] == {"hybrid_shard_degree": 2}
 
 

@@ -59,6 +59,7 @@ class HostContract:
     resource_config: dict[str, Any]
     input_data_config: dict[str, Any]
     num_gpus: int = field(default_factory=count_gpus)
+    _distribution: DistributionConfig | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def read(cls, paths: OptMLPaths) -> HostContract:
@@ -114,9 +115,11 @@ class HostContract:
         return to_cmd_args(self.hyperparameters)
 
     def distribution(self) -> DistributionConfig:
-        """The distribution the client encoded into the hyperparameters, decoded."""
-        return DistributionConfig.from_dict(
-            hp.decode_distribution(self.framework_params, self.hyperparameters))
+        """The distribution the client encoded into the hyperparameters, decoded (once)."""
+        if self._distribution is None:
+            self._distribution = DistributionConfig.from_dict(
+                hp.decode_distribution(self.framework_params, self.hyperparameters))
+        return self._distribution
 
     def training_env(self) -> dict[str, Any]:
         """SM_TRAINING_ENV: every property the toolkit's Environment exposes that we know."""

@@ -197,6 +197,19 @@ class DistributionConfig(_Strict):
         config._raw_parameters = raw_parameters
         return config
 
+    def to_dict(self) -> dict[str, Any]:
+        """The distribution dict this config was built from (SMP parameters as given, defaults
+        left out): what `from_dict` reads back to an equal config, and what JSON carries."""
+        out: dict[str, Any] = {"torch_distributed": self.torch_distributed.model_dump(
+            exclude_defaults=True)}
+        if self.smdistributed is not None:
+            smd: dict[str, Any] = {}
+            mp = self.smdistributed.modelparallel
+            if mp is not None:
+                smd["modelparallel"] = {"enabled": mp.enabled, "parameters": self.raw_parameters}
+            out["smdistributed"] = smd
+        return out
+
     @property
     def raw_parameters(self) -> dict[str, Any]:
         """The SMP parameters exactly as given: what SageMaker sends as `mp_parameters`."""

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.distribution import DistributionConfig
@@ -27,8 +27,8 @@ class JobSpec(BaseModel):
     packs it when no source_dir is given)."""
     dependencies: list[str] = Field(default_factory=list)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    distribution: dict[str, Any] | None = None
-    """As the user gave it, with SMP parameters given as a JSON path already read in."""
+    distribution: DistributionConfig | None = None
+    """The validated distribution (None: none given). A dict only at the JSON edge."""
     instance_type: str = "local"
     instance_count: int = 1
     inputs: dict[str, str] = Field(default_factory=dict)
@@ -50,8 +50,18 @@ class JobSpec(BaseModel):
     container_log_level: int = DEFAULT_CONTAINER_LOG_LEVEL
     region: str | None = None
 
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _distribution_from_json(cls, value: Any) -> Any:
+        return DistributionConfig.from_dict(value) if isinstance(value, dict) else value
+
+    @field_serializer("distribution")
+    def _distribution_to_json(self, value: DistributionConfig | None) -> dict[str, Any] | None:
+        return None if value is None else value.to_dict()
+
     def distribution_config(self) -> DistributionConfig:
-        return DistributionConfig.from_dict(self.distribution)
+        """The distribution in force (defaults when none was given)."""
+        return self.distribution or DistributionConfig()
 
     @property
     def hosts(self) -> list[str]:

@@ -71,7 +71,7 @@ def test_network_isolated_request_round_trips_to_a_spec():
     rebuilt = spec_from_description(description, "us-west-2")
     assert rebuilt.source_dir == CTX.code_uri
     assert rebuilt.inputs == {"train": "s3://data-bucket/train"}  # the code channel is not data
-    assert rebuilt.distribution == {"torch_distributed": {"enabled": True}}
+    assert rebuilt.distribution.to_dict() == {"torch_distributed": {"enabled": True}}
 
 
 @pytest.mark.parametrize(("options", "message"), [
