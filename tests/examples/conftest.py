@@ -1,8 +1,9 @@
-"""Fixtures for the examples: tests/sdk/sagemaker's moto server and clean AWS environment.
+"""Fixtures for the examples: tests/sdk/backends/sagemaker's moto server and clean AWS
+environment.
 
 The SageMaker example and notebook run against the same RecordingMotoServer (moto serving HTTP
-on 127.0.0.1) as tests/sdk/sagemaker; its conftest is loaded under its own name and its `aws`
-and `moto_server` fixtures are re-exported here, so both directories share one definition.
+on 127.0.0.1) as tests/sdk/backends/sagemaker; its conftest is loaded under its own name and its
+`aws` and `moto_server` fixtures are re-exported here, so both directories share one definition.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-_SAGEMAKER_TESTS = Path(__file__).resolve().parents[1] / "sdk" / "sagemaker"
+_SAGEMAKER_TESTS = Path(__file__).resolve().parents[1] / "sdk" / "backends" / "sagemaker"
 if str(_SAGEMAKER_TESTS) not in sys.path:
     sys.path.insert(0, str(_SAGEMAKER_TESTS))  # its conftest imports sagemaker_moto
 

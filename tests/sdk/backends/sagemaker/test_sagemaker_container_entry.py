@@ -24,7 +24,7 @@ from meshtrain import Estimator
 from meshtrain.backends.sagemaker.metrics import metric_definitions
 from meshtrain.contract.metrics import STANDARD_METRICS
 
-TRAIN = Path(__file__).resolve().parents[3] / "containers" / "train"
+TRAIN = Path(__file__).resolve().parents[4] / "containers" / "train"
 SCRIPT = """\
 import argparse, json, os
 import meshtrain_runtime
