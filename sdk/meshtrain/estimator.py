@@ -39,6 +39,18 @@ from meshtrain.targets import backend_named, resolve_target
 DEFAULT_BASE_JOB_NAME = "meshtrain"
 
 
+SHARED_FIELDS = (
+    "entry_point", "source_dir", "dependencies", "hyperparameters", "instance_type",
+    "instance_count", "output_path", "checkpoint_s3_uri", "checkpoint_local_path", "environment",
+    "max_run", "max_wait", "use_spot_instances", "volume_size", "input_mode", "image_uri", "role",
+    "tags", "metric_definitions", "container_log_level",
+)
+"""JobSpec fields the Estimator takes and keeps under the same name: build_spec() and
+from_spec() are derived from this one list (tests/sdk/test_estimator_fields.py)."""
+SPEC_ONLY_FIELDS = ("job_name", "distribution", "inputs", "input_content_types", "region")
+"""JobSpec fields set another way: at fit(), from the validated distribution, by the backend."""
+
+
 class Estimator:
     """Run a training script as a (multi-host, multi-process) job.
 
@@ -147,19 +159,9 @@ class Estimator:
     def _spec(self, job_name: str, **extra: Any) -> JobSpec:
         try:
             return JobSpec(
-                job_name=job_name, entry_point=self.entry_point, source_dir=self.source_dir,
-                dependencies=self.dependencies, hyperparameters=self.hyperparameters,
+                job_name=job_name,
                 distribution=self.distribution_config if self.distribution is not None else None,
-                instance_type=self.instance_type,
-                instance_count=self.instance_count, output_path=self.output_path,
-                checkpoint_s3_uri=self.checkpoint_s3_uri,
-                checkpoint_local_path=self.checkpoint_local_path, environment=self.environment,
-                max_run=self.max_run, max_wait=self.max_wait,
-                use_spot_instances=self.use_spot_instances, volume_size=self.volume_size,
-                input_mode=self.input_mode, image_uri=self.image_uri, role=self.role,
-                tags=self.tags, metric_definitions=self.metric_definitions,
-                container_log_level=self.container_log_level, **extra,
-            )
+                **{name: getattr(self, name) for name in SHARED_FIELDS}, **extra)
         except ValidationError as error:  # the checks above should have caught it first
             raise arguments_error_from(error, what="Estimator") from None
 
@@ -221,23 +223,12 @@ class Estimator:
     @classmethod
     def from_spec(cls, spec: JobSpec, **backend_options: Any) -> Estimator:
         """An Estimator that would submit `spec` again (a script-only source stays one)."""
+        arguments = {name: getattr(spec, name) for name in SHARED_FIELDS}
         keep = spec.source_dir.startswith("s3://") or Path(spec.source_dir).is_dir()
-        return cls(
-            entry_point=spec.entry_point if keep else spec.source_dir,
-            source_dir=spec.source_dir if keep else None,
-            hyperparameters=spec.hyperparameters, instance_type=spec.instance_type,
-            instance_count=spec.instance_count,
-            distribution=spec.distribution.to_dict() if spec.distribution else None,
-            role=spec.role,
-            image_uri=spec.image_uri, output_path=spec.output_path,
-            checkpoint_s3_uri=spec.checkpoint_s3_uri,
-            checkpoint_local_path=spec.checkpoint_local_path, environment=spec.environment,
-            max_run=spec.max_run, max_wait=spec.max_wait,
-            use_spot_instances=spec.use_spot_instances, volume_size=spec.volume_size,
-            input_mode=spec.input_mode, dependencies=spec.dependencies, tags=spec.tags,
-            metric_definitions=spec.metric_definitions,
-            container_log_level=spec.container_log_level, **backend_options,
-        )
+        if not keep:  # a script-only source: the script is the entry point again
+            arguments.update(entry_point=spec.source_dir, source_dir=None)
+        distribution = spec.distribution.to_dict() if spec.distribution else None
+        return cls(distribution=distribution, **arguments, **backend_options)
 
 
 def _own_arguments() -> list[str]:
