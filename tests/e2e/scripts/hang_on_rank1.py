@@ -1,5 +1,5 @@
-"""Two ranks train; after its second optimizer step rank 1 sleeps instead of going on, so
-rank 0 waits for it in the next collective."""
+"""Two ranks train; in its third step rank 1 sleeps between backward and the gradient
+all-reduce, so rank 0 waits for it inside that collective."""
 
 import os
 import time
@@ -14,10 +14,10 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(5):
     loss = model(torch.ones(2, 4)).sum()
     loss.backward()
+    if rank == 1 and step == 2:
+        time.sleep(int(os.environ.get("SLEEP_SECONDS", "600")))  # the hang, inside the step
     for parameter in model.parameters():
         dist.all_reduce(parameter.grad)
     optimizer.step()
     optimizer.zero_grad()
     print(f"rank {rank} step {step}", flush=True)
-    if rank == 1 and step == 1:
-        time.sleep(int(os.environ.get("SLEEP_SECONDS", "600")))  # the hang
