@@ -72,7 +72,7 @@ class AllToAllBytes(TorchDispatchMode):
 class MoEStack(nn.Module):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
-        from meshtrain_runtime.moe import MoE, MoEConfig
+        from meshtrain_runtime.modules.moe import MoE, MoEConfig
 
         config = MoEConfig(random_seed=0)
         self.layers = nn.ModuleList(

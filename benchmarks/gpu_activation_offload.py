@@ -125,7 +125,7 @@ def synchronize(device: torch.device) -> None:
 
 def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     """Build variant `name`, run warm-up, one measured step for memory, then timed steps."""
-    from meshtrain_runtime.memory import measure_step_memory
+    from meshtrain_runtime.diagnostics.memory import measure_step_memory
     from meshtrain_runtime.parallel.activations import get_offload_stats
 
     model = apply_variant(name, build_model(args, device))

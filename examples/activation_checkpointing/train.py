@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import meshtrain_runtime
 from meshtrain_runtime.checkpoint import export_full_state_dict
-from meshtrain_runtime.memory import SavedActivationMeter
+from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
 from meshtrain_runtime.metrics import log_metric
 from meshtrain_runtime.parallel.activations import checkpointed_blocks, get_offload_stats
 

@@ -26,7 +26,7 @@ from meshtrain_runtime.delayed_init import (
     load_from_rank0,
     materialize_sharded,
 )
-from meshtrain_runtime.moe import MoEConfig
+from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.activations import (
     apply_activation_checkpointing,
     resolve_activation_kwargs,
@@ -68,7 +68,7 @@ def transform(
       activation checkpointing and of FSDP.
     - `tp_plan`: module name patterns -> tensor-parallel styles (see docs/tensor-parallel.md);
       default: the HF config's ``base_model_tp_plan``. Used when ``tensor_parallel_degree > 1``.
-    - `moe_config` (or SMP's spelling ``config=``): a `meshtrain_runtime.moe.MoEConfig` for
+    - `moe_config` (or SMP's spelling ``config=``): a `meshtrain_runtime.modules.moe.MoEConfig` for
       expert parallelism; used when ``expert_parallel_degree > 1``.
     - `device`: where parameters live; must be the runtime's device (``state.device``).
     - `dtype`: cast floating-point parameters before sharding (normally keep fp32 and use
@@ -213,7 +213,7 @@ def _resolve_moe_config(
     chosen = moe_config if moe_config is not None else config
     if chosen is not None and not isinstance(chosen, MoEConfig):
         raise ConfigError(
-            f"transform(moe_config=...) takes a meshtrain_runtime.moe.MoEConfig, got "
+            f"transform(moe_config=...) takes a meshtrain_runtime.modules.moe.MoEConfig, got "
             f"{type(chosen).__name__}. Build it as MoEConfig(moe_aux_loss_coeff=..., ...)."
         )
     return chosen

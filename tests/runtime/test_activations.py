@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from meshtrain.contract.distribution import parse_smp_parameters
 from meshtrain.errors import ConfigError
-from meshtrain_runtime.memory import measure_saved_activations
+from meshtrain_runtime.diagnostics.memory import measure_saved_activations
 from meshtrain_runtime.parallel.activations import (
     apply_activation_checkpointing,
     checkpointed_blocks,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from meshtrain_runtime.memory import (
+from meshtrain_runtime.diagnostics.memory import (
     SavedActivationMeter,
     measure_saved_activation_bytes,
     measure_saved_activations,

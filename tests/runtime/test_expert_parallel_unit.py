@@ -13,7 +13,13 @@ from transformers.models.mixtral.modeling_mixtral import (
 )
 
 from meshtrain.errors import ConfigError
-from meshtrain_runtime.moe import GroupedExperts, MoE, MoEConfig, moe_aux_loss, router_losses
+from meshtrain_runtime.modules.moe import (
+    GroupedExperts,
+    MoE,
+    MoEConfig,
+    moe_aux_loss,
+    router_losses,
+)
 from meshtrain_runtime.parallel.expert import find_expert_modules
 
 

@@ -35,7 +35,7 @@ def _model() -> torch.nn.Module:
 
 def _measure(state: Any, setting: Any) -> dict[str, Any]:
     import meshtrain_runtime as mr
-    from meshtrain_runtime.memory import SavedActivationMeter
+    from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
     from meshtrain_runtime.parallel.fsdp import unsharded_parameter_bytes
 
     state.reset()

@@ -80,12 +80,13 @@ def test_checkpointing_without_blocks_fails_before_touching_the_model(
 
 
 def test_moe_config_arguments(single_process_runtime) -> None:
-    from meshtrain_runtime.moe import MoEConfig
+    from meshtrain_runtime.modules.moe import MoEConfig
 
     meshtrain_runtime.init()
     with pytest.raises(ConfigError, match="both moe_config= and config="):
         meshtrain_runtime.transform(build_custom(), moe_config=MoEConfig(), config=MoEConfig())
-    with pytest.raises(ConfigError, match=r"takes a meshtrain_runtime\.moe\.MoEConfig, got dict"):
+    with pytest.raises(ConfigError,
+                       match=r"takes a meshtrain_runtime\.modules\.moe\.MoEConfig, got dict"):
         meshtrain_runtime.transform(build_custom(), config={"moe_aux_loss_coeff": 0.1})
     # Without expert parallelism the MoE options (and a tp_plan without TP) are not used.
     model = meshtrain_runtime.transform(

@@ -147,7 +147,7 @@ def test_phase_meter_counts_allocations_above_the_start():
     """The runtime's PhaseMemoryMeter on CPU: a known sequence of allocations, exact peaks
     (what existed before the block is the baseline; each phase starts at the level the last
     one left)."""
-    from meshtrain_runtime.memory import PhaseMemoryMeter
+    from meshtrain_runtime.diagnostics.memory import PhaseMemoryMeter
 
     before = torch.ones(10_000)
     meter = PhaseMemoryMeter()
@@ -170,7 +170,7 @@ def test_one_process_phases_of_a_tiny_llama():
     the plan for one CPU rank (tensor parallelism 1 x shard 1 without FSDP is a plain model:
     no gathered buffers; AdamW's per-tensor loop)."""
     from meshtrain.plan.phases import phase_memory
-    from meshtrain_runtime.memory import PhaseMemoryMeter
+    from meshtrain_runtime.diagnostics.memory import PhaseMemoryMeter
 
     config, cls = _llama()
     torch.manual_seed(0)

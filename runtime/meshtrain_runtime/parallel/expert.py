@@ -16,7 +16,7 @@ mesh. EP ranks are data-parallel ranks: each sees different tokens.
   It must run before the block-level ``fully_shard``, which shards everything else over the
   whole ``shard`` axis.
 * Router losses are summed over all data-parallel ranks, so they equal a single process's
-  losses on the global batch (see `meshtrain_runtime.moe`).
+  losses on the global batch (see `meshtrain_runtime.modules.moe`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from meshtrain.contract._messages import divisors_text
 from meshtrain.contract.errors import ConfigError
-from meshtrain_runtime.moe import (
+from meshtrain_runtime.modules.moe import (
     GroupedExperts,
     MoE,
     MoEConfig,
@@ -302,7 +302,7 @@ def apply_expert_parallel(
     ``output_router_logits=True`` (or set it in the config) and ``outputs.aux_loss`` is the
     global-batch load-balancing loss, ``outputs.z_loss`` the router z-loss, and
     ``outputs.loss`` includes both with their coefficients. For `MoE` layers see
-    `meshtrain_runtime.moe.moe_aux_loss`.
+    `meshtrain_runtime.modules.moe.moe_aux_loss`.
 
     Raises:
         ConfigError: no MoE layer, experts not divisible by the EP degree, parameters that are
@@ -318,8 +318,8 @@ def apply_expert_parallel(
         raise ConfigError(
             f"expert_parallel_degree={ep_degree} but {type(model).__name__} has no "
             f"mixture-of-experts layers: no module matches its config's base_model_ep_plan "
-            f"({plan or 'none declared'}) and it has no meshtrain_runtime.moe.MoE layer. Use "
-            f"expert_parallel_degree=1, or build the model with MoE layers."
+            f"({plan or 'none declared'}) and it has no meshtrain_runtime.modules.moe.MoE layer. "
+            f"Use expert_parallel_degree=1, or build the model with MoE layers."
         )
     for name, experts in targets:
         _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)

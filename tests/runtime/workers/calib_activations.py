@@ -27,7 +27,7 @@ from report import report
 from torch.distributed.tensor.parallel import loss_parallel
 
 import meshtrain_runtime as mr
-from meshtrain_runtime.memory import SavedActivationMeter
+from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
 
 MICRO_BATCH = 2
 SEQ_LENS = (32, 96)

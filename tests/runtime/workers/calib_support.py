@@ -19,7 +19,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from meshtrain_runtime.diagnostics.collectives import count_collectives
-from meshtrain_runtime.memory import PhaseMemoryMeter
+from meshtrain_runtime.diagnostics.memory import PhaseMemoryMeter
 
 SEED = 0
 VOCAB = 128

@@ -39,7 +39,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
 )
 
-from meshtrain_runtime.moe import MoE, MoEConfig, router_losses
+from meshtrain_runtime.modules.moe import MoE, MoEConfig, router_losses
 
 
 def z_reference(router_logits: tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import MixtralConfig, MixtralForCausalLM
 
-from meshtrain_runtime.moe import MoE, MoEConfig, moe_aux_loss
+from meshtrain_runtime.modules.moe import MoE, MoEConfig, moe_aux_loss
 from meshtrain_runtime.parallel.expert import (
     apply_expert_parallel,
     expert_parallel_modules,

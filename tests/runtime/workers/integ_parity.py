@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule
 
 import meshtrain_runtime as mr
 from meshtrain.errors import ConfigError
-from meshtrain_runtime.moe import MoEConfig
+from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.activations import checkpointed_blocks, get_offload_stats
 
 TP2 = {"tensor_parallel_degree": 2}

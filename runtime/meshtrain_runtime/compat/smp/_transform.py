@@ -20,7 +20,7 @@ from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.compat.smp._fsdp import compat_meshes
 from meshtrain_runtime.delayed_init import check_rank0_has_weights
-from meshtrain_runtime.moe import MoEConfig
+from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.blocks import find_blocks
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 from meshtrain_runtime.parallelize import apply_converters, apply_model_parallel

@@ -19,7 +19,7 @@ without ``moe_load_balancing`` raises and names the supported values.
 
 from __future__ import annotations
 
-from meshtrain_runtime.moe import MoEConfig as _RuntimeMoEConfig
+from meshtrain_runtime.modules.moe import MoEConfig as _RuntimeMoEConfig
 
 
 def MoEConfig(

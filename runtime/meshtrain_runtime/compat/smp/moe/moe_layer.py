@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from meshtrain_runtime.moe import MoE
+from meshtrain_runtime.modules.moe import MoE
 from meshtrain_runtime.parallel.expert import ExpertParallelExperts
 
 

@@ -1,0 +1,1 @@
+"""Model layers meshtrain provides (the MoE layer and its grouped experts)."""
