@@ -14,6 +14,7 @@ from meshtrain.backends.kubernetes.backend import KubernetesBackend
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.metrics import format_metric_line
 
+from .crd import require_schemas
 from .fake_apiserver import FakeApiServer
 
 pytest.importorskip("kubernetes")
@@ -23,6 +24,7 @@ IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/meshtrain:0.1"
 
 @pytest.fixture
 def server():
+    require_schemas()  # the fake server validates every posted job against the CRDs
     with FakeApiServer() as fake:
         yield fake
 
