@@ -43,7 +43,8 @@ _BLOCK_ATTR = "_meshtrain_checkpoint"
 _OFFLOADER_ATTR = "_meshtrain_activation_offloader"
 _OFFLOAD_COPY_DEVICES = {"cpu", "cuda", "meta"}
 # Keyword arguments that make a block write a KV cache: a recompute would write it twice.
-_CACHE_KWARGS = ("past_key_values", "layer_past")
+# transformers 5.24 renamed the decoder layers' `past_key_values` to `cache`.
+_CACHE_KWARGS = ("cache", "past_key_values", "layer_past")
 
 
 @dataclass(frozen=True)
