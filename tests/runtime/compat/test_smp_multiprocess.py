@@ -15,6 +15,8 @@ import pytest
 WORKER = Path(__file__).parent / "workers" / "smp_style.py"
 TOLERANCE = 1e-5
 
+pytestmark = pytest.mark.multiprocess  # a 4-rank torchrun: not in the fast tier
+
 
 @pytest.fixture(scope="module")
 def records(torchrun):
