@@ -44,13 +44,18 @@ from torch.distributed.checkpoint.state_dict import (
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
+from meshtrain_runtime.checkpoint_base import (
+    PathLike,
+    barrier,
+    check_local_path,
+    rank,
+    world_size,
+)
 from meshtrain_runtime.checkpoint_rng import restore_rng_states, save_rng_states
 
 MARKER_NAME = "meshtrain-checkpoint.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-PathLike = str | os.PathLike
 
 
 def default_checkpoint_dir() -> Path:
@@ -96,11 +101,11 @@ def save_checkpoint(
     record = marker_record(step, extra, optimizer is not None)
     root = None if step is None else target.parent
     _check_keep_last(keep_last, step)
-    if _rank() == 0:
+    if rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
         (target / MARKER_NAME).unlink(missing_ok=True)
-    _barrier()
-    save_rng_states(target, _rank())
+    barrier()
+    save_rng_states(target, rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
     writer = dcp.FileSystemWriter(str(target), overwrite=True)
     state = _training_state(model, optimizer)
@@ -111,9 +116,9 @@ def save_checkpoint(
         _pending = PendingCheckpoint(target, future, complete)
         return _pending
     dcp.save(state, storage_writer=writer)
-    _barrier()  # every rank's files are on disk before the marker says so
+    barrier()  # every rank's files are on disk before the marker says so
     complete()
-    _barrier()
+    barrier()
     return target
 
 
@@ -135,9 +140,9 @@ class PendingCheckpoint:
         global _pending
         if not self._finished:
             self._future.result()  # DCP's errors surface here
-            _barrier()  # every rank's files are on disk: now the marker may say so
+            barrier()  # every rank's files are on disk: now the marker may say so
             self._complete()
-            _barrier()
+            barrier()
             self._finished = True
         if _pending is self:
             _pending = None
@@ -167,7 +172,7 @@ def _async_group() -> dist.ProcessGroup | None:
 def _complete(target: Path, record: dict[str, Any], root: Path | None,
               keep_last: int | None) -> None:
     """Rank 0, after every rank's files are written: the marker, then pruning."""
-    if _rank() != 0:
+    if rank() != 0:
         return
     write_marker(target, record)
     if root is not None and keep_last is not None:
@@ -230,8 +235,8 @@ def load_checkpoint(
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-    same_world = record.get("world_size") == _world_size()
-    restored = same_world and restore_rng_states(target, _rank())
+    same_world = record.get("world_size") == world_size()
+    restored = same_world and restore_rng_states(target, rank())
     return {"step": record["step"], "extra": record["extra"], "path": str(target),
             "rng_restored": restored}
 
@@ -242,7 +247,7 @@ def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
     `directory` defaults to `default_checkpoint_dir()`. A missing directory means a fresh start
     (None); directories without the completion marker (an interrupted save) are skipped.
     """
-    _check_local(directory)
+    check_local_path(directory)
     root = default_checkpoint_dir() if directory is None else Path(directory)
     if not root.exists():
         return None
@@ -269,7 +274,7 @@ def _training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -
 
 
 def _resolve_save_dir(path: PathLike | None, step: int | None) -> Path:
-    _check_local(path)
+    check_local_path(path)
     root = default_checkpoint_dir() if path is None else Path(path)
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ConfigError(f"save_checkpoint(step={step!r}): step must be an int >= 0 (the "
@@ -295,7 +300,7 @@ def marker_record(step: int | None, extra: dict[str, Any] | None,
     if extra is not None and not isinstance(extra, dict):
         raise ConfigError(f"save_checkpoint(extra=...) takes a dict, got {type(extra).__name__}.")
     record = {"format": FORMAT_VERSION, "step": step, "extra": extra or {},
-              "has_optimizer": has_optimizer, "world_size": _world_size()}
+              "has_optimizer": has_optimizer, "world_size": world_size()}
     try:
         json.dumps(record)
     except (TypeError, ValueError) as error:
@@ -310,7 +315,7 @@ def _find_loadable(path: PathLike | None) -> tuple[Path, dict[str, Any] | str]:
     """(directory, marker record) or (path, error message); runs on rank 0 only."""
     root = default_checkpoint_dir() if path is None else Path(path)
     try:
-        _check_local(path)
+        check_local_path(path)
         if (root / MARKER_NAME).is_file():
             return root, json.loads((root / MARKER_NAME).read_text())
         latest = latest_checkpoint(root)
@@ -327,38 +332,16 @@ def _find_loadable(path: PathLike | None) -> tuple[Path, dict[str, Any] | str]:
 
 
 def _broadcast_from_rank0(fn: Any, *args: Any) -> Any:
-    value = [fn(*args) if _rank() == 0 else None]
+    value = [fn(*args) if rank() == 0 else None]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(value, src=0)
     return value[0]
-
-
-def _check_local(path: PathLike | None) -> None:
-    if path is not None and "://" in os.fspath(path):
-        raise ConfigError(
-            f"{str(path)!r}: checkpoints are written to a local or shared file system path. On "
-            "SageMaker write to /opt/ml/checkpoints (SM_CHECKPOINT_DIR); checkpoint_s3_uri syncs "
-            "it to S3."
-        )
 
 
 def _write_atomically(path: Path, text: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(text)
     os.replace(temporary, path)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 __all__ = [
@@ -375,8 +358,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # export_full_state_dict lives in checkpoint_export (which imports this module's helpers);
-    # it stays importable from here, where the docs have always put it.
+    # export_full_state_dict lives in checkpoint_export (it needs torch's full-state-dict
+    # machinery, loaded on first use); it stays importable from here, where the docs put it.
     if name == "export_full_state_dict":
         from meshtrain_runtime.checkpoint_export import export_full_state_dict
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain_runtime.checkpoint import PathLike, _barrier, _check_local, _rank
+from meshtrain_runtime.checkpoint_base import PathLike, barrier, check_local_path, rank
 
 
 def export_full_state_dict(model: nn.Module, path: PathLike) -> Path | None:
@@ -27,14 +27,14 @@ def export_full_state_dict(model: nn.Module, path: PathLike) -> Path | None:
     Uses safetensors when it is installed, else ``torch.save``. Returns the file on rank 0,
     None on the other ranks.
     """
-    _check_local(path)
+    check_local_path(path)
     target = Path(path)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(model, options=options)  # collective: gathers to rank 0
     written = None
-    if _rank() == 0:
+    if rank() == 0:
         written = _write_full(full, target, getattr(model, "config", None))
-    _barrier()
+    barrier()
     return written
 
 
