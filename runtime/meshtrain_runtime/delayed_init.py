@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain_runtime.parallel.expert import expert_parallel_modules
 
 InitFn = Callable[[nn.Module], None]
@@ -203,9 +204,9 @@ def _sharded_rng(mesh: DeviceMesh, *, enabled: bool, use_tp: bool = True) -> Ite
         return
     seed = torch.randint(0, 2**62, (1,))  # every rank draws, so every rank's stream moves alike
     dist.broadcast(seed, src=0)
-    offset = _coordinate(mesh, "shard")
+    offset = _coordinate(mesh, MeshAxis.SHARD)
     if use_tp:
-        offset += _axis_size(mesh, "shard") * _coordinate(mesh, "tp")
+        offset += _axis_size(mesh, MeshAxis.SHARD) * _coordinate(mesh, MeshAxis.TP)
     devices = [torch.cuda.current_device()] if mesh.device_type == "cuda" else []
     with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators")
@@ -213,11 +214,11 @@ def _sharded_rng(mesh: DeviceMesh, *, enabled: bool, use_tp: bool = True) -> Ite
         yield
 
 
-def _coordinate(mesh: DeviceMesh, axis: str) -> int:
+def _coordinate(mesh: DeviceMesh, axis: MeshAxis) -> int:
     return mesh.get_local_rank(axis) if axis in (mesh.mesh_dim_names or ()) else 0
 
 
-def _axis_size(mesh: DeviceMesh, axis: str) -> int:
+def _axis_size(mesh: DeviceMesh, axis: MeshAxis) -> int:
     names = mesh.mesh_dim_names or ()
     return mesh.size(names.index(axis)) if axis in names else 1
 
@@ -225,15 +226,15 @@ def _axis_size(mesh: DeviceMesh, axis: str) -> int:
 def copy_tp_replicated(model: nn.Module, mesh: DeviceMesh) -> None:
     """Broadcast, from the first tp rank, the local tensor of every DTensor parameter or buffer
     that is replicated over the ``tp`` axis (tp ranks drew different numbers on CPU)."""
-    if _axis_size(mesh, "tp") == 1:
+    if _axis_size(mesh, MeshAxis.TP) == 1:
         return
-    group = mesh.get_group("tp")
+    group = mesh.get_group(MeshAxis.TP)
     source = dist.get_global_rank(group, 0)
     for tensor in [*model.parameters(), *model.buffers()]:
         if not isinstance(tensor, DTensor):
             continue
         names = tensor.device_mesh.mesh_dim_names or ()
-        if "tp" in names and tensor.placements[names.index("tp")].is_replicate():
+        if MeshAxis.TP in names and tensor.placements[names.index(MeshAxis.TP)].is_replicate():
             dist.broadcast(tensor.to_local().detach(), src=source, group=group)
 
 

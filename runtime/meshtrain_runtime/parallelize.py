@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain.contract.support import check_build_support
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.delayed_init import (
@@ -129,7 +130,7 @@ def apply_model_parallel(
     if st.tensor_parallel_degree > 1:
         return apply_tensor_parallel(
             model,
-            st.mesh["tp"],
+            st.mesh[MeshAxis.TP],
             plan=tp_plan,
             sequence_parallel=params.sequence_parallel,
             loss_parallel=params.loss_parallel,

@@ -1,11 +1,11 @@
 """``init()`` and ``state``: ranks, sizes, the named DeviceMesh and process groups of this job.
 
-One object owns the mesh: ``init`` resolves the SMP degrees against the real world size and
-builds ONE DeviceMesh with named axes ``("replicate", "shard", "tp")`` (outermost first; sizes may
-be 1; tensor-parallel ranks are contiguous). With expert parallelism it also builds
-``expert_mesh`` over the same ranks with axes ``("replicate", "shard_mod_ep", "ep")``: the EP group
-is carved out of each sharding group, innermost (torchtitan's layout, see
-``meshtrain.contract.degrees``).
+``init`` resolves the SMP degrees against the real world size and has ``meshtrain_runtime.mesh``
+build the job's one world mesh; the state holds it and its views: ``mesh`` (dense layers,
+``replicate x shard x tp``, outermost first, sizes may be 1, tensor-parallel ranks contiguous)
+and, with expert parallelism, ``expert_mesh`` (``replicate x shard_mod_ep x ep``: the EP group is
+carved out of each sharding group, innermost, torchtitan's layout). Axis names are
+``meshtrain.contract.mesh_axes.MeshAxis``; rank coordinates are read from the meshes.
 
 This module doubles as the state object: ``meshtrain_runtime.state.rank`` reads the current
 ``RuntimeState`` through a module ``__getattr__`` (the package attribute ``state`` is this module,
@@ -22,16 +22,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from meshtrain.contract import ResolvedDegrees, SMPParameters, parse_smp_parameters
 from meshtrain.contract import resolve_degrees as resolve_contract_degrees
 from meshtrain.contract.distribution import read_parameters_file
 from meshtrain.contract.env import SM_HOST_COUNT, SM_HP_MP_PARAMETERS
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import DENSE_AXES, EXPERT_AXES, MeshAxis, axis_names
+from meshtrain_runtime.mesh import Meshes, build_meshes
 
-MESH_AXES = ("replicate", "shard", "tp")
-EXPERT_MESH_AXES = ("replicate", "shard_mod_ep", "ep")
+MESH_AXES = axis_names(DENSE_AXES)
+EXPERT_MESH_AXES = axis_names(EXPERT_AXES)
 
 ConfigSource = dict[str, Any] | str | os.PathLike | SMPParameters | None
 
@@ -47,8 +49,7 @@ class RuntimeState:
     local_rank: int
     local_world_size: int
     device: torch.device
-    mesh: DeviceMesh
-    expert_mesh: DeviceMesh | None
+    meshes: Meshes
     world_process_group: dist.ProcessGroup
     tp_process_group: dist.ProcessGroup
     ep_process_group: dist.ProcessGroup | None
@@ -90,27 +91,49 @@ class RuntimeState:
     def random_seed(self) -> int | None:
         return self.config.random_seed
 
+    # --- meshes: views of the one world mesh (meshtrain_runtime.mesh) ---
+    @property
+    def mesh(self) -> DeviceMesh:
+        """Dense layers' mesh ``(replicate, shard, tp)``."""
+        return self.meshes.dense
+
+    @property
+    def expert_mesh(self) -> DeviceMesh | None:
+        """Expert layers' mesh ``(replicate, shard_mod_ep, ep)``; None without EP."""
+        return self.meshes.expert
+
+    @property
+    def world_mesh(self) -> DeviceMesh:
+        """The one mesh over every rank (1-D ``world``) that the others are views of."""
+        return self.meshes.world
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        """1-D flattened ``replicate x shard``: ranks that see different batches (without CP)."""
+        return self.meshes.dp
+
     # --- coordinates: rank = (replicate * shard + shard_index) * tp + tp_rank ---
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.tp_size
+        return self.meshes.coordinate(MeshAxis.TP)
 
     @property
     def shard_rank(self) -> int:
         """Index inside the sharding group (the mesh's ``shard`` coordinate)."""
-        return (self.rank // self.tp_size) % self.hybrid_shard_degree
+        return self.meshes.coordinate(MeshAxis.SHARD)
 
     @property
     def replicate_rank(self) -> int:
         """Which replica (the mesh's ``replicate`` coordinate); SMP's "rep rank"."""
-        return self.rank // (self.tp_size * self.hybrid_shard_degree)
+        return self.meshes.coordinate(MeshAxis.REPLICATE)
 
     @property
     def ep_rank(self) -> int:
-        return self.shard_rank % self.ep_size
+        return self.meshes.coordinate(MeshAxis.EP)
 
     @property
     def cp_rank(self) -> int:
+        """CP is carved out of the sharding group, innermost (not a mesh axis yet)."""
         return self.shard_rank % self.cp_size
 
     @property
@@ -120,7 +143,7 @@ class RuntimeState:
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // (self.tp_size * self.cp_size)
+        return self.meshes.coordinate(MeshAxis.DP) // self.cp_size
 
 
 _current: RuntimeState | None = None
@@ -258,8 +281,7 @@ def build_state(
         ranks_per_host=local_world_size,
         world_description=_describe_world(world_size, local_world_size),
     )
-    mesh = init_device_mesh(device.type, degrees.mesh_shape, mesh_dim_names=MESH_AXES)
-    expert_mesh = build_expert_mesh(degrees, device.type)
+    meshes = build_meshes(degrees, device.type)
     return RuntimeState(
         config=params,
         degrees=degrees,
@@ -268,33 +290,17 @@ def build_state(
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=local_world_size,
         device=device,
-        mesh=mesh,
-        expert_mesh=expert_mesh,
+        meshes=meshes,
         world_process_group=dist.group.WORLD,
-        tp_process_group=mesh.get_group("tp"),
-        ep_process_group=expert_mesh.get_group("ep") if expert_mesh is not None else None,
-        rep_rank_process_group=_rep_rank_group(degrees),
+        tp_process_group=meshes.dense.get_group(MeshAxis.TP.value),
+        ep_process_group=(
+            meshes.expert.get_group(MeshAxis.EP.value) if meshes.expert is not None else None
+        ),
+        rep_rank_process_group=(
+            dist.group.WORLD if degrees.replicate_degree == 1 else meshes.replica.get_group()
+        ),
         owns_process_group=owns_process_group,
     )
-
-
-def build_expert_mesh(degrees: ResolvedDegrees, device_type: str) -> DeviceMesh | None:
-    """(replicate, shard_mod_ep, ep) over the same ranks; None without expert parallelism."""
-    ep = degrees.expert_parallel_degree
-    if ep == 1:
-        return None
-    shape = (degrees.replicate_degree, degrees.hybrid_shard_degree // ep, ep)
-    return init_device_mesh(device_type, shape, mesh_dim_names=EXPERT_MESH_AXES)
-
-
-def _rep_rank_group(degrees: ResolvedDegrees) -> dist.ProcessGroup:
-    """All ranks with this rank's replicate coordinate (one whole replica: shard x tp)."""
-    if degrees.replicate_degree == 1:
-        return dist.group.WORLD
-    replica = degrees.world_size // degrees.replicate_degree
-    ranks = [list(range(r * replica, (r + 1) * replica)) for r in range(degrees.replicate_degree)]
-    group, _ = dist.new_subgroups_by_enumeration(ranks)
-    return group
 
 
 def _describe_world(world_size: int, local_world_size: int) -> str:
@@ -309,7 +315,6 @@ __all__ = [
     "EXPERT_MESH_AXES",
     "MESH_AXES",
     "RuntimeState",
-    "build_expert_mesh",
     "build_state",
     "current",
     "init",

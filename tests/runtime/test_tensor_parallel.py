@@ -183,3 +183,50 @@ def test_region_seeds_are_distinct_and_repeatable() -> None:
     assert len(seeds) == 4 * 8 * 16
     assert region_seed(7, 1, 2, 3) == region_seed(7, 1, 2, 3)
     assert 0 <= region_seed(7, 1, 2, 3) < 2**63
+
+
+def test_tp_is_applied_with_styles_and_hooks_not_patches(single_process_runtime) -> None:
+    """A world of one (tp mesh of size 1): nothing is patched onto modules or parameters; the
+    region's hooks fork the RNG (also when the region raises); the replicated parameters are
+    listed beside the model."""
+    import torch
+
+    from meshtrain.contract.mesh_axes import MeshAxis
+    from meshtrain_runtime.parallel.tensor import (
+        apply_tensor_parallel,
+        global_head_counts,
+        locally_computed_parameters,
+        stop_local_compute,
+    )
+
+    st = single_process_runtime.init()
+    model = CustomLM(dropout=0.5)  # dropout only inside the attention regions
+    apply_tensor_parallel(model, st.mesh[MeshAxis.TP], plan=CUSTOM_PLAN, random_seed=5)
+    for name, module in model.named_modules():
+        assert "forward" not in vars(module), name
+        assert not [key for key in vars(module) if key.startswith("_meshtrain")], name
+    assert not [p for p in model.parameters() if any(k.startswith("_meshtrain") for k in vars(p))]
+    assert global_head_counts(model.blocks[0].attn) == {"num_heads": 4}
+
+    model.train()
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    before = torch.get_rng_state()
+    model(ids)
+    assert torch.equal(torch.get_rng_state(), before)  # region draws left the outer stream
+    handle = model.blocks[0].attn.q.register_forward_pre_hook(_raise)
+    with pytest.raises(RuntimeError, match="inside the region"):
+        model(ids)
+    handle.remove()
+    assert torch.equal(torch.get_rng_state(), before)  # restored on the exception too
+
+    local = {name: locally_computed_parameters(module) for name, module in model.named_modules()
+             if locally_computed_parameters(module)}
+    assert sorted(f"{m}.{p}" for m, names in local.items() for p in names) == sorted(
+        model.meshtrain_tp.replicated_parameters
+    )
+    stop_local_compute(model.norm)
+    assert locally_computed_parameters(model.norm) == ()
+
+
+def _raise(_module: nn.Module, _args: tuple) -> None:
+    raise RuntimeError("inside the region")

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from meshtrain.contract._messages import divisors_text
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain_runtime.modules.moe import (
     GroupedExperts,
     MoE,
@@ -43,7 +44,7 @@ from meshtrain_runtime.modules.moe import (
     sort_by_expert,
 )
 
-EP_AXIS = "ep"
+EP_AXIS = MeshAxis.EP
 _HF_EP_DISPATCH_STYLE = "ep_dispatch_experts"
 
 
@@ -226,7 +227,7 @@ def _resolve_meshes(ep_mesh: DeviceMesh) -> tuple[DeviceMesh, Any]:
     if EP_AXIS not in names:
         raise ConfigError(
             f"apply_expert_parallel got a {ep_mesh.ndim}-D mesh with axes {names}; pass a 1-D "
-            f"EP mesh or a mesh with an {EP_AXIS!r} axis such as state.expert_mesh "
+            f"EP mesh or a mesh with an {EP_AXIS.value!r} axis such as state.expert_mesh "
             f"('replicate', 'shard_mod_ep', 'ep')."
         )
     # Every rank of the expert mesh is a data-parallel rank: router losses use all of them.

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import (
 )
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain.contract.support import check_cpu_offload
 
 _PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None, None: None}
@@ -150,8 +151,8 @@ def unsharded_parameter_bytes(model: nn.Module) -> int:
 def data_parallel_mesh(mesh: DeviceMesh, replicate_degree: int) -> DeviceMesh:
     """The FSDP mesh: ("replicate", "shard") for several replicas, else the 1-D "shard" axis."""
     if replicate_degree == 1:
-        return mesh["shard"]
-    return mesh["replicate", "shard"]
+        return mesh[MeshAxis.SHARD]
+    return mesh[MeshAxis.REPLICATE, MeshAxis.SHARD]
 
 
 def expert_data_parallel_mesh(expert_mesh: DeviceMesh, replicate_degree: int) -> DeviceMesh:
@@ -161,8 +162,8 @@ def expert_data_parallel_mesh(expert_mesh: DeviceMesh, replicate_degree: int) ->
     ``state.expert_mesh`` (see `meshtrain_runtime.parallel.expert.shard_experts_with_fsdp`).
     """
     if replicate_degree == 1:
-        return expert_mesh["shard_mod_ep"]
-    return expert_mesh["replicate", "shard_mod_ep"]
+        return expert_mesh[MeshAxis.SHARD_MOD_EP]
+    return expert_mesh[MeshAxis.REPLICATE, MeshAxis.SHARD_MOD_EP]
 
 
 def apply_fsdp(

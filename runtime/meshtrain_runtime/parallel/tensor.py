@@ -6,14 +6,18 @@ plan into torch ``parallelize_module`` styles (see ``plans/styles.py`` for the l
 makes every parameter the plan leaves whole a Replicate DTensor, so that a model with tensor
 parallelism alone works with ``torch.optim.AdamW`` defaults (foreach refuses a mix of plain
 tensors and DTensors). FSDP2's ``fully_shard`` goes on top afterwards (design.md's order).
+
+Nothing is patched onto modules or parameters: torch styles split the weights, and the rest is
+forward (pre-)hooks and gradient hooks whose bookkeeping lives in this module's weak registries.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -22,6 +26,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.utils.weak import WeakIdKeyDictionary
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.parallel.plans import (
@@ -33,6 +38,13 @@ from meshtrain_runtime.parallel.plans import (
 )
 
 HEAD_COUNT_ATTRIBUTES = ("num_attention_heads", "num_key_value_heads", "num_heads", "num_kv_heads")
+
+# Bookkeeping kept beside the model, never on it (entries go with their module or parameter).
+_GLOBAL_HEADS: weakref.WeakKeyDictionary[nn.Module, dict[str, int]] = weakref.WeakKeyDictionary()
+_LOCAL_COMPUTE: weakref.WeakKeyDictionary[nn.Module, _LocalParameters] = (
+    weakref.WeakKeyDictionary()
+)
+_GRAD_HOOKED = WeakIdKeyDictionary()  # parameter -> its post-accumulate-grad hook handle
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,7 @@ def set_local_head_counts(model: nn.Module, resolved: ResolvedPlan, tp_degree: i
     modules = dict(model.named_modules())
     for region in resolved.regions:
         module = modules[region]
-        if getattr(module, "_meshtrain_global_heads", None) is not None:
+        if module in _GLOBAL_HEADS:  # already divided (a second call on the same model)
             continue
         found = {
             attribute: getattr(module, attribute)
@@ -160,7 +172,12 @@ def set_local_head_counts(model: nn.Module, resolved: ResolvedPlan, tp_degree: i
         }
         for attribute, value in found.items():
             setattr(module, attribute, value // tp_degree)
-        module._meshtrain_global_heads = found
+        _GLOBAL_HEADS[module] = found
+
+
+def global_head_counts(module: nn.Module) -> dict[str, int] | None:
+    """The head counts `module` had before `set_local_head_counts` divided them, else None."""
+    return _GLOBAL_HEADS.get(module)
 
 
 # --- sequence parallelism -------------------------------------------------------------------
@@ -270,29 +287,51 @@ def _check_outside_regions(name: str, module: nn.Module, regions: tuple[str, ...
             )
 
 
+@dataclass
+class _LocalParameters:
+    """Forward hooks that let a module compute on the local tensors of its Replicate DTensors.
+
+    An instance attribute wins over ``nn.Module.__getattr__`` (which serves ``_parameters``), so
+    between the two hooks the forward sees local tensors while named_parameters/state_dict keep
+    the DTensors. Only the parameters replicated here: a style's own (sharded) parameters keep
+    their DTensor compute.
+    """
+
+    names: list[str] = field(default_factory=list)
+
+    def swap_in(self, module: nn.Module, _args: tuple) -> None:
+        for name in self.names:
+            param = module._parameters.get(name)
+            if isinstance(param, DTensor):
+                module.__dict__[name] = param.to_local()
+
+    def swap_out(self, module: nn.Module, _args: tuple, _output: Any) -> None:
+        for name in self.names:
+            module.__dict__.pop(name, None)
+
+
 def _compute_on_local_tensors(module: nn.Module, names: list[str]) -> None:
-    known = getattr(module, "_meshtrain_local_params", None)
-    if known is not None:
-        known.extend(name for name in names if name not in known)
-        return
-    module._meshtrain_local_params = list(names)
-    module.register_forward_pre_hook(_swap_in_local_parameters)
-    module.register_forward_hook(_swap_out_local_parameters, always_call=True)
+    local = _LOCAL_COMPUTE.get(module)
+    if local is None:
+        local = _LOCAL_COMPUTE[module] = _LocalParameters()
+        module.register_forward_pre_hook(local.swap_in)
+        module.register_forward_hook(local.swap_out, always_call=True)
+    local.names.extend(name for name in names if name not in local.names)
 
 
-def _swap_in_local_parameters(module: nn.Module, _args: tuple) -> None:
-    # An instance attribute wins over nn.Module.__getattr__ (which serves _parameters), so the
-    # forward sees local tensors while named_parameters/state_dict keep the DTensors. Only the
-    # parameters replicated here: a style's own (sharded) parameters keep their DTensor compute.
-    for name in module._meshtrain_local_params:
-        param = module._parameters.get(name)
-        if isinstance(param, DTensor):
-            module.__dict__[name] = param.to_local()
+def locally_computed_parameters(module: nn.Module) -> tuple[str, ...]:
+    """Names of `module`'s parameters that `replicate_non_tp_parameters` replicated (their
+    module computes on local tensors)."""
+    local = _LOCAL_COMPUTE.get(module)
+    return tuple(local.names) if local is not None else ()
 
 
-def _swap_out_local_parameters(module: nn.Module, _args: tuple, _output: Any) -> None:
-    for name in module._meshtrain_local_params:
-        module.__dict__.pop(name, None)
+def stop_local_compute(module: nn.Module) -> None:
+    """Leave `module`'s forward on its own parameters again (its swap hooks then do nothing);
+    for callers that turn the replicated DTensors back into plain tensors."""
+    local = _LOCAL_COMPUTE.get(module)
+    if local is not None:
+        local.names.clear()
 
 
 def reduce_partial_gradients(model: nn.Module) -> None:
@@ -304,9 +343,8 @@ def reduce_partial_gradients(model: nn.Module) -> None:
     finds the gradient already reduced).
     """
     for param in model.parameters():
-        if isinstance(param, DTensor) and not getattr(param, "_meshtrain_grad_hook", False):
-            param.register_post_accumulate_grad_hook(_redistribute_grad)
-            param._meshtrain_grad_hook = True
+        if isinstance(param, DTensor) and param not in _GRAD_HOOKED:
+            _GRAD_HOOKED[param] = param.register_post_accumulate_grad_hook(_redistribute_grad)
 
 
 def _redistribute_grad(param: torch.Tensor) -> None:
@@ -341,6 +379,37 @@ class _ForwardCounter:
         self.value += 1
 
 
+@dataclass
+class _RegionStream:
+    """Forward hooks that run one region on its own RNG stream, as ``torch.random.fork_rng``
+    would: the pre-hook saves the streams and seeds them, the post-hook (also on an exception)
+    restores them."""
+
+    counter: _ForwardCounter
+    seed_of: Callable[[int], int]
+    saved: list[tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)
+
+    def enter(self, _module: nn.Module, _args: tuple) -> None:
+        devices = _rng_devices()
+        self.saved.append(
+            (torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices])
+        )
+        seed = self.seed_of(max(self.counter.value, 0))
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)
+
+    def exit(self, _module: nn.Module, _args: tuple, _output: Any) -> None:
+        cpu_state, cuda_states = self.saved.pop()
+        torch.set_rng_state(cpu_state)
+        for device, cuda_state in zip(_rng_devices(), cuda_states, strict=True):
+            torch.cuda.set_rng_state(cuda_state, device)
+
+
+def _rng_devices() -> list[int]:
+    return [torch.cuda.current_device()] if torch.cuda.is_available() else []
+
+
 def apply_tp_random_seed(
     model: nn.Module, tp_mesh: DeviceMesh, random_seed: int, *, regions: tuple[str, ...]
 ) -> None:
@@ -349,31 +418,16 @@ def apply_tp_random_seed(
     Random ops inside a region (attention dropout on this rank's heads) then differ across tp
     ranks, as they must; the default stream outside regions is untouched, so ops on the
     replicated residual stream stay identical across tp ranks and equal to the non-TP run with
-    the same seed. ``fork_rng`` restores the outer stream after each region.
+    the same seed. The region's forward hooks restore the outer stream after each region.
     """
     counter = _ForwardCounter()
     model.register_forward_pre_hook(counter.bump)
     tp_rank = tp_mesh.get_local_rank()
     modules = dict(model.named_modules())
     for index, region in enumerate(regions):
-        module = modules[region]
-        module.forward = partial(  # type: ignore[method-assign]
-            _forward_on_tp_stream, module.forward, counter,
-            partial(region_seed, random_seed, tp_rank, index),
-        )
-
-
-def _forward_on_tp_stream(
-    forward: Callable[..., Any], counter: _ForwardCounter, seed_of: Callable[[int], int],
-    *args: Any, **kwargs: Any,
-) -> Any:
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        seed = seed_of(max(counter.value, 0))
-        torch.default_generator.manual_seed(seed)
-        if devices:
-            torch.cuda.manual_seed(seed)
-        return forward(*args, **kwargs)
+        stream = _RegionStream(counter, partial(region_seed, random_seed, tp_rank, index))
+        modules[region].register_forward_pre_hook(stream.enter)
+        modules[region].register_forward_hook(stream.exit, always_call=True)
 
 
 def _wildcard(name: str) -> str:
@@ -386,8 +440,11 @@ __all__ = [
     "apply_tp_random_seed",
     "attention_head_counts",
     "check_attention_heads",
+    "global_head_counts",
+    "locally_computed_parameters",
     "reduce_partial_gradients",
     "region_seed",
     "replicate_non_tp_parameters",
+    "stop_local_compute",
     "tp_seed",
 ]

@@ -2,7 +2,8 @@
 
 Rank layout (one mesh, outermost first): ``replicate x shard x tp``. Tensor-parallel groups are
 contiguous global ranks (``tp_rank = rank % tp``), as in SMP's example scripts. Expert parallelism
-is carved out of the sharding group (torchtitan's layout): ``shard = shard_mod_ep x ep``.
+is carved out of the sharding group (torchtitan's layout): ``shard = shard_mod_ep x ep``. The axis
+names and the mesh shapes of these degrees are in ``meshtrain.contract.mesh_axes``.
 """
 
 from __future__ import annotations
@@ -42,10 +43,6 @@ class ResolvedDegrees:
     @property
     def reshard_after_forward(self) -> bool:
         return _RESHARD_AFTER_FORWARD[self.sharding_strategy]
-
-    @property
-    def mesh_shape(self) -> tuple[int, int, int]:
-        return (self.replicate_degree, self.hybrid_shard_degree, self.tensor_parallel_degree)
 
 
 def resolve_degrees(

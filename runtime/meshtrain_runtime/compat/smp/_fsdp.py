@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import MeshAxis, axis_names
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.parallel.fsdp import data_parallel_mesh
 
@@ -75,18 +76,20 @@ class CompatMeshes:
 def build_compat_meshes(st: runtime_state.RuntimeState) -> CompatMeshes:
     """Build the meshes of `CompatMeshes` (collective: every rank calls it in ``tsm.init``)."""
     rep, shard, tp, kind = st.replicate_degree, st.hybrid_shard_degree, st.tp_size, st.device.type
-    runtime_dp = st.mesh["replicate"] if shard == 1 else data_parallel_mesh(st.mesh, rep)
+    replicate, shard_axis, tp_axis = MeshAxis.REPLICATE, MeshAxis.SHARD, MeshAxis.TP
+    runtime_dp = st.mesh[replicate] if shard == 1 else data_parallel_mesh(st.mesh, rep)
     if tp > 1:
         if rep > 1:  # FSDP2 only: the runtime's 3-D mesh carries HSDP + TP
-            return CompatMeshes(fsdp1=None, fsdp2=runtime_dp, tp=st.mesh["tp"])
-        root = init_device_mesh(kind, (shard, tp), mesh_dim_names=("shard", "tp"))
-        return CompatMeshes(fsdp1=root["shard"], fsdp2=root["shard"], tp=root["tp"])
+            return CompatMeshes(fsdp1=None, fsdp2=runtime_dp, tp=st.mesh[tp_axis])
+        root = init_device_mesh(kind, (shard, tp), mesh_dim_names=axis_names((shard_axis, tp_axis)))
+        return CompatMeshes(fsdp1=root[shard_axis], fsdp2=root[shard_axis], tp=root[tp_axis])
     if shard == 1:  # H1: no sharding; gradients all-reduced over the replicas
-        own = init_device_mesh(kind, (rep,), mesh_dim_names=("replicate",))
+        own = init_device_mesh(kind, (rep,), mesh_dim_names=axis_names((replicate,)))
     elif rep == 1:
-        own = init_device_mesh(kind, (shard,), mesh_dim_names=("shard",))
+        own = init_device_mesh(kind, (shard,), mesh_dim_names=axis_names((shard_axis,)))
     else:
-        own = init_device_mesh(kind, (rep, shard), mesh_dim_names=("replicate", "shard"))
+        names = axis_names((replicate, shard_axis))
+        own = init_device_mesh(kind, (rep, shard), mesh_dim_names=names)
     return CompatMeshes(fsdp1=own, fsdp2=runtime_dp, tp=None)
 
 

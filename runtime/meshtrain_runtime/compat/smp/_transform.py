@@ -22,7 +22,11 @@ from meshtrain_runtime.compat.smp._fsdp import compat_meshes
 from meshtrain_runtime.delayed_init import check_rank0_has_weights
 from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.blocks import find_blocks
-from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
+from meshtrain_runtime.parallel.tensor import (
+    apply_tensor_parallel,
+    locally_computed_parameters,
+    stop_local_compute,
+)
 from meshtrain_runtime.parallelize import apply_converters, apply_model_parallel
 
 CP_COMM_TYPES = ("p2p", "all_gather")
@@ -81,7 +85,7 @@ def _unreplicate_plain_parameters(model: nn.Module) -> None:
     the same values on every tp rank, updated identically.
     """
     for module in model.modules():
-        names = getattr(module, "_meshtrain_local_params", None)
+        names = locally_computed_parameters(module)
         if not names:
             continue
         for name in names:
@@ -90,7 +94,7 @@ def _unreplicate_plain_parameters(model: nn.Module) -> None:
                 module.register_parameter(
                     name, nn.Parameter(param.to_local(), requires_grad=param.requires_grad)
                 )
-        module._meshtrain_local_params = []  # its swap hooks now have nothing to do
+        stop_local_compute(module)  # its swap hooks now have nothing to do
 
 
 def _on_meta(model: nn.Module) -> bool:

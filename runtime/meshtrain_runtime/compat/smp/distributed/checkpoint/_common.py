@@ -8,6 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.mesh_axes import MeshAxis
 
 
 def group_coordinator(process_group: dist.ProcessGroup | None, coordinator_rank: int) -> int:
@@ -91,9 +92,9 @@ def _tp_part(value: Any, group_ranks: set[int]) -> Any:
         return value
     mesh = value.device_mesh
     names = mesh.mesh_dim_names or ()
-    if "tp" not in names or set(mesh.mesh.flatten().tolist()) <= group_ranks:
+    if MeshAxis.TP not in names or set(mesh.mesh.flatten().tolist()) <= group_ranks:
         return value
-    tp_dim = names.index("tp")
+    tp_dim = names.index(MeshAxis.TP)
     shape = list(value.shape)
     placement = value.placements[tp_dim]
     if placement.is_shard():
@@ -105,7 +106,7 @@ def _tp_part(value: Any, group_ranks: set[int]) -> Any:
                 "meshtrain_runtime.save_checkpoint instead."
             )
         shape[dim] //= tp
-    rest = [n for n in names if n != "tp"]
+    rest = [n for n in names if n != MeshAxis.TP]
     submesh = mesh[rest[0]] if len(rest) == 1 else mesh[tuple(rest)]
     placements = [p for i, p in enumerate(value.placements) if i != tp_dim]
     local = value.to_local()
