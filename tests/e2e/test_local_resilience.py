@@ -8,7 +8,9 @@ then resumed by a new job, must reproduce its losses exactly.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -131,3 +133,55 @@ def test_stop_saves_the_agreed_step_and_a_new_job_resumes_from_it(reference, env
     losses = _losses(resumed)
     assert sorted(losses) == list(range(stopped_at + 1, STEPS))
     assert losses == {step: expected[step] for step in losses}
+
+
+def _bootstrap_of(job, host: str) -> int:
+    """The PID of `host`'s bootstrap (the process a reclaimed instance's SIGTERM reaches)."""
+    base = f"SAGEMAKER_BASE_DIR={job.job_dir.host_paths(host).base}".encode()
+    for pid in job.processes():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"meshtrain_runtime.host.bootstrap" in cmdline and base in environ:
+            return pid
+    raise AssertionError(f"no bootstrap process for {host}")
+
+
+def _wait_for(job, text: str) -> None:
+    deadline = time.monotonic() + 300
+    while text not in "\n".join(job.log_lines()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the job log"
+        time.sleep(0.2)
+
+
+def test_sigterm_to_one_host_stops_the_job_and_every_rank_saves(reference, env):
+    _, expected = reference
+    estimator = _estimator(env / "jobs", hyperparameters={"steps": 1000, "step-seconds": 1.0})
+    job = estimator.fit(job_name="reclaimed", wait=False)
+    _wait_for(job, "step 1 loss")
+    os.kill(_bootstrap_of(job, "algo-2"), signal.SIGTERM)  # as a spot reclaim does
+    job.wait(logs=False)
+    description = job.describe()
+    assert description["TrainingJobStatus"] == "Stopped"
+    assert description["FailureReason"].startswith("HostStopped: host algo-2")
+    match = re.search(r"stop requested after step (\d+)", "\n".join(job.log_lines()))
+    assert match, "the script never saw stop_requested()"
+    _assert_complete(job.job_dir.root / "checkpoints" / f"step_{int(match.group(1)):08d}")
+    losses = _losses(job)
+    assert sorted(losses) == list(range(int(match.group(1)) + 1))
+    assert {s: losses[s] for s in expected if s in losses} == {
+        s: expected[s] for s in expected if s in losses}
+    assert job.processes() == []
+
+
+def test_a_rank_that_ignores_the_stop_is_killed_after_the_grace_period(env):
+    estimator = Estimator("ignore_stop.py", source_dir=str(SCRIPTS), jobs_dir=str(env / "jobs"),
+                          distribution=_distribution(stop_grace_seconds=2))
+    job = estimator.fit(job_name="stubborn", wait=False)
+    _wait_for(job, "watching for a stop")
+    job.stop()
+    assert job.describe()["TrainingJobStatus"] == "Stopped"
+    assert "stop requested; not stopping" in "\n".join(job.log_lines())  # it got SIGTERM
+    assert job.processes() == []
