@@ -28,7 +28,7 @@ from pathlib import Path
 
 from meshtrain.backends.local.artifacts import package_artifacts
 from meshtrain.backends.local.layout import JobDirectory
-from meshtrain.backends.local.processes import kill_job_processes, terminate_groups
+from meshtrain.backends.local.processes import kill_job_processes, stop_groups_gracefully
 from meshtrain.backends.local.restarts import STOP_MARGIN_SECONDS, restart_after_failure
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
@@ -233,9 +233,9 @@ class Supervisor:
     def end_hosts(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         """SIGTERM every host still running (its bootstrap passes it to torchrun, which passes
         it to the ranks and waits for them up to the grace period), SIGKILL what is left after
-        `grace_seconds` (plus a margin for torchrun's own SIGKILL), then sweep the token."""
+        `grace_seconds` or once the ranks have ended, then sweep the token."""
         pgids = [proc.pid for proc in self.hosts.values() if proc.poll() is None]
-        terminate_groups(pgids, grace_seconds + STOP_MARGIN_SECONDS if pgids else 0)
+        stop_groups_gracefully(pgids, self.token, grace_seconds)
         kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
         for proc in self.hosts.values():
             proc.wait()
@@ -245,7 +245,8 @@ class Supervisor:
         readers = self.start_hosts(attempt)
         status, reason = self.watch(deadline)
         # a failed attempt's survivors are ended at once; a stop gives the ranks their grace
-        self.end_hosts(self.grace_seconds if status == "Stopped" else STOP_GRACE_SECONDS)
+        self.end_hosts(self.grace_seconds + STOP_MARGIN_SECONDS if status == "Stopped"
+                       else STOP_GRACE_SECONDS)
         for reader in readers:
             reader.join(timeout=5)
         if status == "Failed" and reason is None:
