@@ -9,6 +9,7 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``clip_grad_norm_(model, max_norm)``, ``grad_scaler()`` — meshtrain_runtime.grad
 - ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
 - ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
+- ``stop_requested()`` — meshtrain_runtime.stopping (a stop every rank agrees on)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from meshtrain_runtime.grad import clip_grad_norm_, grad_scaler
     from meshtrain_runtime.parallelize import transform
     from meshtrain_runtime.state import init, is_initialized, reset
+    from meshtrain_runtime.stopping import stop_requested
 
 # public name -> (module, attribute); attribute None means the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -40,6 +42,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "save_checkpoint": ("meshtrain_runtime.checkpoint", "save_checkpoint"),
     "load_checkpoint": ("meshtrain_runtime.checkpoint", "load_checkpoint"),
     "latest_checkpoint": ("meshtrain_runtime.checkpoint", "latest_checkpoint"),
+    "stop_requested": ("meshtrain_runtime.stopping", "stop_requested"),
 }
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "save_checkpoint",
     "shard_dataset",
     "state",
+    "stop_requested",
     "transform",
 ]
 

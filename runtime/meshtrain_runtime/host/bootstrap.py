@@ -26,6 +26,7 @@ from meshtrain.contract import env as names
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.failures import (
     HOST_RECORD,
+    HOST_STOPPED_EXIT_CODE,
     OOM_INFO,
     RankFailure,
     describe_consequences,
@@ -87,7 +88,11 @@ def build_environment(contract: HostContract, error_dir: Path) -> dict[str, str]
     threads = max(1, (os.cpu_count() or 1) // contract.processes_per_host)
     env.setdefault("OMP_NUM_THREADS", str(threads))  # also silences torchrun's banner
     env.setdefault("PYTHONUNBUFFERED", "1")
-    hang_timeout = contract.distribution().torch_distributed.hang_timeout
+    torch_distributed = contract.distribution().torch_distributed
+    grace = str(torch_distributed.stop_grace_seconds)
+    env[names.MESHTRAIN_STOP_GRACE_SECONDS] = grace
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = grace  # torchrun: SIGTERM to the ranks -> SIGKILL
+    hang_timeout = torch_distributed.hang_timeout
     if hang_timeout:
         env[HANG_TIMEOUT_ENV] = str(hang_timeout)
     return env
@@ -241,6 +246,8 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
     root, others = pick_root_cause(failures)
     report_failure(paths, contract.current_host, code, failures,
                    failure_message(code, command, root, tail, others))
+    if forwarder.received == signal.SIGTERM:  # stopped (a reclaimed instance), not failed
+        return HOST_STOPPED_EXIT_CODE
     return USER_ERROR
 
 

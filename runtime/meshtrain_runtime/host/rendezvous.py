@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
+from meshtrain.contract.env import MESHTRAIN_ATTEMPT
 from meshtrain.contract.errors import ConfigError
 
 ELASTIC_BACKENDS = ("c10d", "etcd", "etcd-v2")
@@ -41,8 +42,12 @@ def elastic_arguments(env: Mapping[str, str], job_name: str,
     if not endpoint:
         raise ConfigError(f"PET_RDZV_BACKEND={backend!r} needs PET_RDZV_ENDPOINT (host:port of "
                           "the etcd server, or of the c10d store's host).")
+    run_id = env.get("PET_RDZV_ID") or job_name or "meshtrain"
+    attempt = env.get(MESHTRAIN_ATTEMPT, "1")
+    if attempt.isdigit() and int(attempt) > 1:  # a restarted local job meets afresh
+        run_id = f"{run_id}-attempt-{attempt}"
     return ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint,
-            "--rdzv-id", env.get("PET_RDZV_ID") or job_name or "meshtrain",
+            "--rdzv-id", run_id,
             "--nnodes", env.get("PET_NNODES") or str(num_hosts),
             "--max-restarts", env.get("PET_MAX_RESTARTS") or "0"]
 

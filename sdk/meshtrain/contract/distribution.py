@@ -132,8 +132,12 @@ class TorchDistributed(_Strict):
     """meshtrain extension: processes per host (default: GPUs on the host, else 1)."""
     max_restarts: int = Field(0, ge=0)
     """meshtrain extension: times every host of a job is restarted after a failure (a new
-    rendezvous, the same job). Honoured on Kubernetes (elasticPolicy.maxRestarts); other
-    targets refuse a non-zero value until they restart jobs."""
+    rendezvous, the same job, the same /opt/ml). Honoured by local jobs (the supervisor) and
+    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value."""
+    stop_grace_seconds: int = Field(120, ge=0)
+    """meshtrain extension: on a stop (stop(), Ctrl-C, max_run, SIGTERM to a host) the ranks get
+    SIGTERM and this long to save and exit before SIGKILL (SageMaker's figure, 120 s). Local
+    jobs honour it."""
     hang_timeout: int | None = Field(None, ge=1)
     """meshtrain extension: seconds without progress (an optimizer step) after which every
     rank dumps its stack and the job fails naming the rank the others wait for."""

@@ -47,6 +47,8 @@ MESHTRAIN_JOB_NAME = "MESHTRAIN_JOB_NAME"  # the job's name, for scripts and log
 MESHTRAIN_JOB_TOKEN = "MESHTRAIN_JOB_TOKEN"  # per-job unique token: marks every process of a job
 MESHTRAIN_HOST_WORK_DIR = "MESHTRAIN_HOST_WORK_DIR"  # torchrun logs, failure records
 MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks leave their traceback
+MESHTRAIN_ATTEMPT = "MESHTRAIN_ATTEMPT"  # 1, then 2, 3 ... when a job's hosts are restarted
+MESHTRAIN_STOP_GRACE_SECONDS = "MESHTRAIN_STOP_GRACE_SECONDS"  # SIGTERM -> SIGKILL on a stop
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
 
 BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"

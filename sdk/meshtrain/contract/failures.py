@@ -25,6 +25,7 @@ SECONDARY_ERROR = re.compile(
     re.IGNORECASE)
 # Signals a job's own machinery sends to ranks it stops after another rank failed.
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+HOST_STOPPED_EXIT_CODE = 143  # 128 + SIGTERM: a host bootstrap that was sent SIGTERM itself
 CONSEQUENCE_TEXT = 70  # characters of each consequence's message in a reason
 
 

@@ -71,5 +71,6 @@ def check_restarts_supported(max_restarts: int, target: str) -> None:
     if max_restarts:
         raise ConfigError(
             f"torch_distributed.max_restarts={max_restarts}: {target} jobs are not restarted "
-            "by meshtrain yet; only Kubernetes jobs are (elasticPolicy.maxRestarts). Remove it, "
-            "or resume from latest_checkpoint() in a new job.")
+            "by meshtrain; local jobs (the supervisor restarts every host) and Kubernetes "
+            "PyTorchJobs (elasticPolicy.maxRestarts) are. Remove it, or resume from "
+            "latest_checkpoint() in a new job.")

@@ -31,6 +31,14 @@ def test_an_elastic_policy_becomes_torchruns_rendezvous_arguments():
     assert c10d[c10d.index("--nnodes") + 1] == "2" and endpoint_host(c10d, "x") == "job-master-0"
 
 
+def test_a_restarted_local_attempt_meets_under_a_fresh_rendezvous_id():
+    env = {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "algo-1:29400"}
+    ids = [elastic_arguments({**env, "MESHTRAIN_ATTEMPT": attempt}, "job", 2)
+           for attempt in ("1", "2", "3")]
+    assert [a[a.index("--rdzv-id") + 1] for a in ids] == ["job", "job-attempt-2",
+                                                           "job-attempt-3"]
+
+
 @pytest.mark.parametrize("env, message", [
     ({"PET_RDZV_BACKEND": "zookeeper", "PET_RDZV_ENDPOINT": "zk:2181"}, "zookeeper"),
     ({"PET_RDZV_BACKEND": "etcd"}, "PET_RDZV_ENDPOINT"),

@@ -18,11 +18,11 @@ from typing import Any
 from meshtrain.backends.local.artifacts import output_location
 from meshtrain.backends.local.layout import JobDirectory, default_jobs_dir, local_path, prepare_host
 from meshtrain.backends.local.processes import carries_token, kill_job_processes, pids_of_job
+from meshtrain.backends.local.restarts import STOP_MARGIN_SECONDS
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.contract.support import check_restarts_supported
 from meshtrain.display import JobDisplay, host_index, make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 from meshtrain.naming import is_generated_name, with_random_suffix
@@ -55,8 +55,6 @@ class LocalBackend:
         if spec.use_spot_instances:
             raise ConfigError("use_spot_instances is not supported by local jobs.")
         _check_local_locations(spec)
-        check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
-                                 "local")
         if not is_generated_name(spec.job_name) and self.job_directory(spec.job_name).root.exists():
             raise _name_taken(spec.job_name, self.jobs_dir)
 
@@ -309,7 +307,9 @@ class LocalTrainingJob(TrainingJob):
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
                 os.kill(pid, signal.SIGTERM)
-            self._wait_for_supervisor_exit()
+            # the ranks' grace period (torch_distributed.stop_grace_seconds), then packing
+            grace = self.job_dir.read_spec().distribution_config().torch_distributed
+            self._wait_for_supervisor_exit(grace.stop_grace_seconds + STOP_MARGIN_SECONDS + 60)
         kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
         if self.job_dir.read_status()["TrainingJobStatus"] not in TERMINAL_STATUSES:
             self._record_end(TrainingJobStatus="Stopped")
@@ -343,7 +343,7 @@ def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -
         "ModelArtifacts": {"S3ModelArtifacts": f"file://{model}"},
         "CreationTime": status.get("CreationTime"),
     }
-    for key in ("TrainingStartTime", "TrainingEndTime", "FailureReason"):
+    for key in ("TrainingStartTime", "TrainingEndTime", "FailureReason", "FailedAttempts"):
         if key in status:
             description[key] = status[key]
     return description

@@ -70,6 +70,43 @@ def terminate_groups(pgids: list[int], grace_seconds: float) -> None:
     signal_groups(pgids, signal.SIGKILL)
 
 
+RANK_MODULE = b"meshtrain_runtime.host.rank_entry"
+AGENT_MODULE = b"meshtrain_runtime.host.agent_entry"
+AFTER_RANKS_SECONDS = 5.0  # once the ranks are gone, how long torchrun gets to exit by itself
+
+
+def rank_pids_of_job(token: str) -> list[int]:
+    """The job's live rank processes (those running meshtrain_runtime.host.rank_entry)."""
+    found = []
+    for pid in pids_of_job(token):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parts = cmdline.split(b"\0")
+        if RANK_MODULE in parts and AGENT_MODULE not in parts:  # the agent names it too
+            found.append(pid)
+    return found
+
+
+def stop_groups_gracefully(pgids: list[int], token: str, grace_seconds: float) -> None:
+    """SIGTERM each host's process group and give its ranks up to `grace_seconds` to save and
+    exit; SIGKILL the groups then, or AFTER_RANKS_SECONDS after the job's last rank ended
+    (a torchrun agent whose peer host is gone may wait in its exit barrier, deaf to SIGTERM)."""
+    signal_groups(pgids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    ranks_ended = None
+    while time.monotonic() < deadline and any(_alive(p) for p in pgids):
+        if rank_pids_of_job(token):
+            ranks_ended = None
+        elif ranks_ended is None:
+            ranks_ended = time.monotonic()
+        elif time.monotonic() - ranks_ended > AFTER_RANKS_SECONDS:
+            break
+        time.sleep(0.2)
+    signal_groups(pgids, signal.SIGKILL)
+
+
 def _signal_pids(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

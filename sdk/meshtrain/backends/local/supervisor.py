@@ -2,7 +2,9 @@
 
 Started detached by the local backend (``python -m meshtrain.backends.local.supervisor DIR``) so a
 job outlives the client that submitted it, as a SageMaker job does. It merges host output into
-job.log, stops the other hosts when one fails, enforces max_run, packs model.tar.gz and
+job.log, stops the other hosts when one fails, restarts every host together after a failure
+(``torch_distributed.max_restarts``), stops hosts with a grace period (SIGTERM, then SIGKILL after
+``torch_distributed.stop_grace_seconds``), enforces max_run, packs model.tar.gz and
 output.tar.gz, and records the outcome in status.json.
 
 It and everything below it carry the job's token (MESHTRAIN_JOB_TOKEN); its sweeps end only
@@ -26,10 +28,12 @@ from pathlib import Path
 
 from meshtrain.backends.local.artifacts import package_artifacts
 from meshtrain.backends.local.layout import JobDirectory
-from meshtrain.backends.local.processes import kill_job_processes, terminate_groups
+from meshtrain.backends.local.processes import kill_job_processes, stop_groups_gracefully
+from meshtrain.backends.local.restarts import STOP_MARGIN_SECONDS, restart_after_failure
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
     HOST_RECORD,
+    HOST_STOPPED_EXIT_CODE,
     RankFailure,
     format_reason,
     pick_root_cause,
@@ -37,7 +41,7 @@ from meshtrain.contract.failures import (
 )
 from meshtrain.contract.jobspec import JobSpec
 
-STOP_GRACE_SECONDS = 10.0
+STOP_GRACE_SECONDS = 10.0  # the last sweep, after the hosts' own grace period
 # After the first host fails, the others get this long to fail on their own and record why
 # (a rank's death shows on its peers a moment later) before they are stopped.
 FAILURE_SETTLE_SECONDS = 5.0
@@ -53,8 +57,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def checkpoint_folder(spec: JobSpec, job_dir: JobDirectory) -> Path:
+    """The job's one checkpoint folder, shared by all its hosts (SM_CHECKPOINT_DIR):
+    checkpoint_local_path if given (reused across jobs), else ``<job dir>/checkpoints``, as
+    SageMaker syncs every host's /opt/ml/checkpoints to one S3 prefix."""
+    if spec.checkpoint_local_path:
+        return Path(spec.checkpoint_local_path)
+    return job_dir.root / "checkpoints"
+
+
 def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
-                     token: str) -> dict:
+                     token: str, attempt: int = 1) -> dict:
     env = dict(os.environ)
     env.update(spec.environment)
     env.update({  # after the user's environment: these must not be overridden
@@ -65,10 +78,10 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
         names.MESHTRAIN_JOB_TOKEN: token,
         names.MESHTRAIN_HOST_WORK_DIR: str(job_dir.host_work_dir(host)),
         names.TRAINING_JOB_NAME: spec.job_name,
+        names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
+        names.MESHTRAIN_ATTEMPT: str(attempt),
         "PYTHONUNBUFFERED": "1",
     })
-    if spec.checkpoint_local_path:
-        env[names.SM_CHECKPOINT_DIR] = spec.checkpoint_local_path
     return env
 
 
@@ -85,17 +98,22 @@ class Supervisor:
         self.resource_fault: str | None = None
         self.stop_requested = threading.Event()
         self.log_lock = threading.Lock()
+        torch_distributed = self.spec.distribution_config().torch_distributed
+        self.max_restarts = torch_distributed.max_restarts
+        self.grace_seconds = float(torch_distributed.stop_grace_seconds)
 
-    def start_hosts(self) -> list[threading.Thread]:
+    def start_hosts(self, attempt: int = 1) -> list[threading.Thread]:
         """Start every host from this (main) thread: the hosts' lifeline (PR_SET_PDEATHSIG)
-        fires when the thread that started them ends."""
+        fires when the thread that started them ends. Each attempt gets a fresh rendezvous."""
         port = free_port()
         readers = []
+        self.hosts, self.tails, self.failed_hosts = {}, {}, []
+        checkpoint_folder(self.spec, self.job_dir).mkdir(parents=True, exist_ok=True)
         for host in self.spec.hosts:
             self.job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
                 [sys.executable, "-m", names.BOOTSTRAP_MODULE],
-                env=host_environment(self.spec, self.job_dir, host, port, self.token),
+                env=host_environment(self.spec, self.job_dir, host, port, self.token, attempt),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -142,14 +160,18 @@ class Supervisor:
             self.resource_fault = (f"ClientError: could not write the job's logs to {path}: "
                                    f"[Errno {error.errno}] {error.strerror or error}")
 
-    def watch(self) -> tuple[str, str | None]:
+    def watch(self, deadline: float | None = None) -> tuple[str, str | None]:
         """Wait for the hosts; return (final status, failure reason or None to look it up)."""
-        deadline = time.monotonic() + self.spec.max_run
+        deadline = deadline or time.monotonic() + self.spec.max_run
         while True:
             codes = {host: proc.poll() for host, proc in self.hosts.items()}
             failed = [h for h, code in codes.items() if code not in (None, 0)]
             if self.stop_requested.is_set():
-                return "Stopped", None
+                return "Stopped", STOPPED_BY_CLIENT
+            stopped = [h for h, code in codes.items() if code == HOST_STOPPED_EXIT_CODE]
+            if stopped:
+                return "Stopped", (f"HostStopped: host {stopped[0]} received SIGTERM (a "
+                                   "reclaimed instance); every host was stopped")
             if failed or self.resource_fault:
                 self._settle()
                 self.failed_hosts = [h for h, p in self.hosts.items() if p.poll() not in (None, 0)]
@@ -208,24 +230,41 @@ class Supervisor:
             text = f"host {host} exited with code {code} and left no failure record\n{tail}"
         return f"{ALGORITHM_ERROR}({host}) {text}"[:FAILURE_REASON_LIMIT]
 
-    def end_hosts(self) -> None:
+    def end_hosts(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM every host still running (its bootstrap passes it to torchrun, which passes
+        it to the ranks and waits for them up to the grace period), SIGKILL what is left after
+        `grace_seconds` or once the ranks have ended, then sweep the token."""
         pgids = [proc.pid for proc in self.hosts.values() if proc.poll() is None]
-        terminate_groups(pgids, STOP_GRACE_SECONDS)
+        stop_groups_gracefully(pgids, self.token, grace_seconds)
         kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
         for proc in self.hosts.values():
             proc.wait()
+
+    def run_attempt(self, attempt: int, deadline: float) -> tuple[str, str | None]:
+        """Run every host once; end them all; return (status, reason)."""
+        readers = self.start_hosts(attempt)
+        status, reason = self.watch(deadline)
+        # a failed attempt's survivors are ended at once; a stop gives the ranks their grace
+        self.end_hosts(self.grace_seconds + STOP_MARGIN_SECONDS if status == "Stopped"
+                       else STOP_GRACE_SECONDS)
+        for reader in readers:
+            reader.join(timeout=5)
+        if status == "Failed" and reason is None:
+            reason = self.failure_reason()
+        return status, reason
 
     def run(self) -> None:
         self.job_dir.write_status(TrainingStartTime=time.time())
         self.job_dir.add_transition("Training", "Training image download completed. Training in "
                                                 "progress.")
-        readers = self.start_hosts()
-        status, reason = self.watch()
-        self.end_hosts()
-        for reader in readers:
-            reader.join(timeout=5)
-        if status == "Failed" and reason is None:
-            reason = self.failure_reason()
+        deadline = time.monotonic() + self.spec.max_run  # max_run counts every attempt
+        attempt = 1
+        status, reason = self.run_attempt(attempt, deadline)
+        while (status == "Failed" and attempt <= self.max_restarts and not self.resource_fault
+               and not self.stop_requested.is_set()):
+            restart_after_failure(self.job_dir, self.spec, attempt, reason or "", self.log_lock)
+            attempt += 1
+            status, reason = self.run_attempt(attempt, deadline)
         self.job_dir.add_transition("Uploading", "Uploading generated training model")
         packing_error = package_artifacts(self.spec, self.job_dir)
         if packing_error:
@@ -236,6 +275,10 @@ class Supervisor:
             changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
         self.job_dir.write_status(**changes)
         self.job_dir.add_transition(status, _FINAL_MESSAGES[status])
+
+
+STOPPED_BY_CLIENT = ("StopRequested: the job was stopped by its client (stop(), Ctrl-C in fit() "
+                     "or `meshtrain stop`)")
 
 
 _FINAL_MESSAGES = {

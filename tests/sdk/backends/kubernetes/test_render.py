@@ -211,8 +211,3 @@ def test_max_restarts_is_refused_where_it_cannot_be_honoured(source, tmp_path):
     with pytest.raises(ConfigError, match="a TrainJob's runtime owns its restarts"):
         kubernetes.render(estimator(source, distribution=restarting), job_name="t",
                           kind="TrainJob")
-    local = Estimator("train.py", source_dir=str(source), distribution=restarting,
-                      jobs_dir=str(tmp_path / "jobs"))
-    with pytest.raises(ConfigError, match="local jobs are not restarted"):
-        local.fit(job_name="no-restarts", wait=False)
-    assert not (tmp_path / "jobs").exists()  # refused before anything was created
