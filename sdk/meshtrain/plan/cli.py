@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--optimizer-offload", action="store_true",
                      help="optimizer states and step in host memory (a script's own offloaded "
                           "optimizer; FSDP's cpu_offload also moves parameters and gradients)")
+    run.add_argument("--reshard-after-forward", choices=("auto", "true", "false"),
+                     default="auto",
+                     help="FSDP groups free their gathered parameters after forward (true) or "
+                          "keep them until backward (false) in every candidate; auto (default): "
+                          "each strategy's choice, and no_shard both ways")
     run.add_argument("--convention", choices=("zero", "smp"), default="zero",
                      help="bytes per parameter: zero=16 (default), smp=20 (with Adam)")
     run.add_argument("--compute-efficiency", type=float, default=0.4,
@@ -147,7 +152,13 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
                         fused_optimizer=args.fused_optimizer,
                         optimizer_offload=args.optimizer_offload)
     cluster, build = cluster_from_args(args)
-    return plan_layouts(model, cluster, training), build
+    return plan_layouts(model, cluster, training, reshard_from_args(args)), build
+
+
+def reshard_from_args(args: argparse.Namespace) -> bool | None:
+    """--reshard-after-forward: None for auto (see `meshtrain.plan.layouts.Reshard`)."""
+    return {"auto": None, "true": True, "false": False}[
+        getattr(args, "reshard_after_forward", "auto")]
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -160,7 +171,8 @@ def run_plan(args: argparse.Namespace) -> int:
     bigger = None
     if best is None:  # nothing fits: how many hosts of this kind would do
         bigger = smallest_fitting_count(plan.model, plan.training, build,
-                                        above=plan.cluster.num_nodes)
+                                        above=plan.cluster.num_nodes,
+                                        reshard=reshard_from_args(args))
     if args.json:
         data = plan_to_dict(plan, top=top,
                             smallest_fitting_node_count=None if bigger is None else bigger[0])

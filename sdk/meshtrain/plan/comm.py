@@ -8,7 +8,8 @@ Ring algorithms (what NCCL and gloo run), for a message of M bytes over n ranks,
 Per step (one micro-batch each, as the runtime runs it):
 
 - FSDP: all-gather the compute-dtype parameters in forward, and again in backward when units
-  reshard after forward (full_shard, hybrid_shard; the output head and the root never do:
+  reshard after forward (full_shard, hybrid_shard, or ``reshard_after_forward: true``; the
+  output head and the root never do:
   FSDP2 keeps the root unit gathered from forward to backward); reduce-scatter
   fp32 gradients; with replicas, all-reduce the gradient shards over the replicate group.
   Expert tensors do this over ``shard / ep`` ranks.
@@ -100,6 +101,7 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
 def communication_volumes(
     model: ModelSpec, degrees: ResolvedDegrees, training: Training, *,
     recompute: bool | float = False, loss_parallel: bool = False, sequence_parallel: bool = False,
+    reshard_after_forward: bool | None = None,
 ) -> CommVolumes:
     """Bytes one GPU sends per step under `degrees` (see the module docstring).
 
@@ -107,13 +109,17 @@ def communication_volumes(
     `loss_parallel`: the head's logits stay split over the vocabulary (no gather).
     `sequence_parallel`: changes what a recomputed layer repeats and all-reduces the gradients
     of the vectors TP keeps whole.
+    `reshard_after_forward`: the runtime's key resolved (None: the strategy's default); groups
+    that reshard after forward are gathered again in backward.
     """
     recompute = float(recompute)
     dense, expert, once = _local_elements(model, degrees)
     c, r = training.compute_bytes, REDUCE_BYTES
     shard, rep = degrees.hybrid_shard_degree, degrees.replicate_degree
     expert_shard = shard // degrees.expert_parallel_degree
-    gathers = 2 if degrees.reshard_after_forward else 1
+    reshard = degrees.reshard_after_forward if reshard_after_forward is None \
+        else reshard_after_forward
+    gathers = 2 if reshard else 1
     all_gather = (all_gather_bytes(shard, (gathers * (dense - once) + once) * c)
                   + all_gather_bytes(expert_shard, gathers * expert * c))
     reduce_scatter = reduce_scatter_bytes(shard, dense * r) + reduce_scatter_bytes(

@@ -39,8 +39,15 @@ states. The sharded gradients exist only from backward to the end of the optimiz
 ``cpu_offload`` is FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients, optimizer
 states and the step run in host memory; the unsharded buffers stay on the GPU. Optimizer-only
 offload (a script's own host-side optimizer, not a layout the runtime builds) moves only the
-optimizer states and its step. ``shard_grad_op`` (ZeRO-2; also the runtime's nearest layout to
-ZeRO-1) keeps every group's unsharded parameters from its forward to its backward.
+optimizer states and its step.
+
+``reshard_after_forward`` (the runtime's key; by default the strategy's choice) decides whether
+a group frees its unsharded parameters once its forward is done. False keeps every group's
+unsharded parameters from its forward to its backward: ``shard_grad_op`` (ZeRO-2; also the
+runtime's nearest layout to ZeRO-1), ``_hybrid_shard_zero2`` and ``no_shard`` (one rank, or a
+shard group of one) by default, or any strategy with ``reshard_after_forward: false``. True frees
+them (the output head and the root stay gathered: backward starts with them), and the
+first block in backward then gathers again with the next one prefetched.
 """
 
 from __future__ import annotations
@@ -145,7 +152,9 @@ class _Step:
     c: int  # compute dtype
     groups: FSDPGroups
     fsdp: bool
-    shard_grad_op: bool
+    keep_gathered: bool
+    """Groups keep their unsharded parameters from forward to backward
+    (``reshard_after_forward`` False)."""
     states: dict[str, float]
     gradients: float
     step_buffer: float
@@ -164,7 +173,7 @@ def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
 
 
 def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
-          offload: Offload, uses_fsdp: bool, on_gpu: bool) -> _Step:
+          offload: Offload, uses_fsdp: bool, on_gpu: bool, reshard: bool | None) -> _Step:
     groups = fsdp_groups(model, degrees)
     moments = OPTIMIZER_STATE_BYTES[training.optimizer]
     on_gpu_params = offload != "cpu_offload"
@@ -174,7 +183,9 @@ def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
         "optimizer_states": moments * groups.sharded if on_gpu_optimizer else 0.0,
     }
     return _Step(c=training.compute_bytes if uses_fsdp else _PARAM_BYTES, groups=groups,
-                 fsdp=uses_fsdp, shard_grad_op=not degrees.reshard_after_forward,
+                 fsdp=uses_fsdp,
+                 keep_gathered=not (degrees.reshard_after_forward if reshard is None
+                                    else reshard),
                  states=states,
                  gradients=_PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
                  step_buffer=_step_buffer(groups, training, on_gpu) if on_gpu_optimizer
@@ -191,15 +202,17 @@ def phase_memory(
     uses_fsdp: bool = True,
     loss_parallel: bool = False,
     on_gpu: bool = True,
+    reshard_after_forward: bool | None = None,
 ) -> list[PhaseMemory]:
     """The four phases of one step on one rank (see the module docstring).
 
     `uses_fsdp` is False only where the runtime skips FSDP (tensor parallelism alone, fp32,
     no offload: see `meshtrain_runtime.parallelize.uses_fsdp`); `loss_parallel` keeps the
     logits split over the vocabulary; `on_gpu` False plans CPU ranks (the optimizer's
-    per-tensor loop, see `_step_buffer`).
+    per-tensor loop, see `_step_buffer`); `reshard_after_forward` is the runtime's key resolved
+    (None: the strategy's default, `degrees.reshard_after_forward`).
     """
-    step = _step(model, degrees, training, offload, uses_fsdp, on_gpu)
+    step = _step(model, degrees, training, offload, uses_fsdp, on_gpu, reshard_after_forward)
     tokens_vocab = _tokens_vocab(model, degrees, training, loss_parallel)
     return [
         PhaseMemory("forward", step.states | _forward_terms(step, activations)),
@@ -229,12 +242,13 @@ def _block_activations(acts: ActivationEstimate) -> float:
 def _gathered_in_forward(step: _Step, *, at_head: bool) -> float:
     """Unsharded parameters held while a block (or, `at_head`, the output head) computes in
     forward: its own, its flat all-gather buffer (kept until the next copy-out) and the root's;
-    under shard_grad_op every group gathered so far instead of only the running one."""
+    when groups keep their parameters gathered (``reshard_after_forward`` False) every group
+    gathered so far as well."""
     if not step.fsdp:
         return 0.0
     g = step.groups
     current = g.head if at_head else g.block_total
-    if step.shard_grad_op:
+    if step.keep_gathered:
         running = g.embedding + g.num_blocks * g.block_total + (g.head if at_head else 0)
         return step.c * (g.root + current + running)
     return step.c * (g.root + 2 * current)
@@ -289,7 +303,7 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
         {"activations": activations - log_softmax, "gathered_parameters": gathered,
          "loss_temporaries": upcast},
     ]
-    if step.fsdp and not step.shard_grad_op:
+    if step.fsdp and not step.keep_gathered:
         # The group that finished its forward last: a block's dense part (its experts, a
         # group of their own under expert parallelism, finished before it).
         prefetch = {"activations": activations - log_softmax,
@@ -324,7 +338,7 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
                        {"sharded_gradients": step.gradients}])
     block = c * g.block_total
     gathered = c * g.root + 2 * block
-    if step.shard_grad_op:
+    if step.keep_gathered:
         gathered = c * (g.root + g.embedding + g.num_blocks * g.block_total)
     head_reduce = REDUCE_BYTES * g.head
     block_reduce = REDUCE_BYTES * g.block_total

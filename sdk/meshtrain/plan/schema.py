@@ -1,5 +1,7 @@
-"""JSON Schema (draft 2020-12) of `meshtrain plan --json` output, schema_version 2 (2 added
-`memory_bytes.phases` and `memory_bytes.peak_phase`; every field of 1 keeps its meaning).
+"""JSON Schema (draft 2020-12) of `meshtrain plan --json` output, schema_version 3 (2 added
+`memory_bytes.phases` and `memory_bytes.peak_phase`; 3 added `degrees.reshard_after_forward`,
+the encoder-decoder fields of `model` and `training.decoder_seq_len`; every earlier field keeps
+its meaning).
 
 All byte counts are per GPU (per rank) and integers; communication bytes are what one GPU
 sends per optimizer step. docs/planner.md describes every field.
@@ -34,7 +36,8 @@ _CANDIDATE = _object({
         "world_size", "replicate_degree", "hybrid_shard_degree", "tensor_parallel_degree",
         "expert_parallel_degree", "context_parallel_degree", "data_parallel_degree")}
         | {"sharding_strategy": {"enum": ["full_shard", "hybrid_shard", "shard_grad_op",
-                                          "_hybrid_shard_zero2", "no_shard"]}}),
+                                          "_hybrid_shard_zero2", "no_shard"]},
+           "reshard_after_forward": {"type": "boolean"}}),
     "fits": {"type": ["boolean", "null"]},
     "memory_bytes": _object({
         "parameters": _BYTES, "gradients": _BYTES, "optimizer_states": _BYTES,
@@ -64,7 +67,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "meshtrain plan --json",
     **_object({
-        "schema_version": {"const": 2},
+        "schema_version": {"const": 3},
         "convention": {"enum": ["zero", "smp"]},
         "model": _object({
             "name": {"type": "string"}, "source": {"type": "string"},
