@@ -16,6 +16,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from meshtrain.contract.errors import ConfigError
@@ -45,11 +46,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--num-params", type=float, help="only the parameter count, e.g. 7e9")
     for name in (*_DIMENSIONS, "num_kv_heads", "vocab_size", "num_experts", "experts_per_token"):
         model.add_argument(f"--{name.replace('_', '-')}", type=int)
+    encdec = parser.add_argument_group(
+        "encoder-decoder dimensions (T5 style; with --num-decoder-layers, --num-layers counts "
+        "the encoder's blocks)")
+    encdec.add_argument("--num-decoder-layers", type=int)
+    encdec.add_argument("--head-dim", type=int, help="d_kv (default hidden / heads)")
+    encdec.add_argument("--ffn", choices=("relu", "gated_gelu"), default="relu",
+                        help="the MLP: relu (T5) or gated_gelu (T5 v1.1, Flan-T5)")
+    encdec.add_argument("--tie-embeddings", action="store_true",
+                        help="the output head is the shared embedding (T5 v1.0)")
+    encdec.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout_rate (T5's configs: 0.1)")
     model.add_argument("--largest-layer-params", type=float,
                        help="parameters of the largest block, e.g. 2.1e8 (sizes FSDP's "
                             "gathered buffers; default: from the shape)")
     run = parser.add_argument_group("training")
-    run.add_argument("--seq-len", type=int, default=4096)
+    run.add_argument("--seq-len", type=int, default=4096,
+                     help="tokens per sequence (an encoder-decoder's encoder input)")
+    run.add_argument("--decoder-seq-len", type=int,
+                     help="encoder-decoder models: the decoder's (labels') tokens "
+                          "(default --seq-len)")
     run.add_argument("--micro-batch", type=int, default=1, help="sequences per data-parallel rank")
     run.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     run.add_argument("--optimizer", choices=tuple(OPTIMIZER_STATE_BYTES), default="adamw")
@@ -113,6 +129,8 @@ def _model_shape(args: argparse.Namespace) -> ModelSpec:
     missing = [f"--{name.replace('_', '-')}" for name in _DIMENSIONS if getattr(args, name) is None]
     if missing:
         raise ConfigError(f"Explicit dimensions need {', '.join(missing)} as well.")
+    if getattr(args, "num_decoder_layers", None):
+        return _encoder_decoder_shape(args)
     experts = args.num_experts or 0
     return ModelSpec(
         name="custom", family="mixtral" if experts else "llama", hidden_size=args.hidden_size,
@@ -120,6 +138,20 @@ def _model_shape(args: argparse.Namespace) -> ModelSpec:
         num_key_value_heads=args.num_kv_heads or args.num_heads,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size or 32000,
         num_experts=experts, experts_per_token=args.experts_per_token or (2 if experts else 0))
+
+
+def _encoder_decoder_shape(args: argparse.Namespace) -> ModelSpec:
+    try:
+        return ModelSpec(
+            name="custom encoder-decoder", family="t5", hidden_size=args.hidden_size,
+            num_layers=args.num_layers, num_decoder_layers=args.num_decoder_layers,
+            num_attention_heads=args.num_heads, num_key_value_heads=args.num_heads,
+            head_dim=args.head_dim, intermediate_size=args.intermediate_size,
+            vocab_size=args.vocab_size or 32128, ffn=args.ffn,
+            tie_word_embeddings=args.tie_embeddings, hidden_dropout=args.dropout,
+            attention_dropout=args.dropout)
+    except ValidationError as error:
+        raise ConfigError(f"Encoder-decoder dimensions: {error.errors()[0]['msg']}") from None
 
 
 def cluster_from_args(args: argparse.Namespace) -> tuple[Cluster, Callable[[int], Cluster]]:
@@ -150,7 +182,8 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
                         precision=args.precision, optimizer=args.optimizer,
                         convention=args.convention, compute_efficiency=args.compute_efficiency,
                         fused_optimizer=args.fused_optimizer,
-                        optimizer_offload=args.optimizer_offload)
+                        optimizer_offload=args.optimizer_offload,
+                        decoder_seq_len=getattr(args, "decoder_seq_len", None))
     cluster, build = cluster_from_args(args)
     return plan_layouts(model, cluster, training, reshard_from_args(args)), build
 

@@ -122,9 +122,10 @@ def estimate_layout(
         checkpoint_interval=parameters.activation_checkpointing_interval,
         offload=parameters.activation_offloading,
         loading_horizon=parameters.activation_loading_horizon,
+        decoder_seq_len=training.decoder_seq_len,
     )
     memory = _memory(model, parameters, degrees, training, acts, cluster)
-    recompute_fraction = acts.num_checkpointed / model.num_layers
+    recompute_fraction = (acts.num_checkpointed + acts.encoder_checkpointed) / model.num_blocks
     volumes = communication_volumes(
         model, degrees, training, recompute=recompute_fraction,
         sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
@@ -175,7 +176,7 @@ def candidate_parameters(model: ModelSpec, cluster: Cluster,
     `reshard` fixes `reshard_after_forward` for all of them (None: see `Reshard`)."""
     world, per_node = cluster.world_size, cluster.ranks_per_node
     tps = [t for t in divisors(world) if t <= per_node and model.num_attention_heads % t == 0
-           and model.num_key_value_heads % t == 0]
+           and model.num_key_value_heads % t == 0 and (t == 1 or not model.is_encoder_decoder)]
     recompute_options = ((False, False), (True, False), (True, True))
     for tp in tps:
         for shard in divisors(world // tp):

@@ -58,6 +58,7 @@ from typing import Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.activations import ActivationEstimate
+from meshtrain.plan.encdec import decoder_seq_len, t5_groups
 from meshtrain.plan.memory import (
     OPTIMIZER_STATE_BYTES,
     REDUCE_BYTES,
@@ -73,7 +74,10 @@ _PARAM_BYTES = 4
 """FSDP2 keeps parameters (and so their sharded gradients) in the model's dtype: fp32."""
 RESIDENT_TERMS = ("sharded_parameters", "optimizer_states", "sharded_gradients", "activations")
 """Terms that are model states or saved activations; the rest are a phase's buffers."""
-_BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask")
+_BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask",
+                  "decoder_token_ids", "relative_position_buckets", "encoder_final_norm",
+                  "encoder_output", "cross_attention_bias")
+"""Model terms that exist before the last block runs (for encoder-decoders: the encoder's)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,11 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
         if unit == "embedding" and model.tie_word_embeddings:
             unit = "root"
         sizes[unit] += local * width
-    blocks = model.num_layers
+    blocks = model.num_blocks
     block = sizes["layer"] / blocks
+    if model.is_encoder_decoder:  # a decoder block (cross-attention too) is the largest
+        block = sum(group_shard_elements(g, tp=tp, ep=ep, shard=shard) * g.count * shard
+                    for g in t5_groups(model, decoder_block_only=True))
     if model.largest_layer_params is not None:
         block = model.largest_layer_params / tp
     return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
@@ -226,7 +233,8 @@ def phase_memory(
 
 def _tokens_vocab(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
                   loss_parallel: bool) -> float:
-    tokens = training.micro_batch * training.seq_len / degrees.context_parallel_degree
+    tokens = training.micro_batch * decoder_seq_len(model, training) \
+        / degrees.context_parallel_degree
     vocab = model.vocab_size / (degrees.tensor_parallel_degree if loss_parallel else 1)
     return tokens * vocab
 
@@ -291,15 +299,17 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
     head's own backward (module docstring)."""
     c, g = step.c, step.groups
     activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
-    log_softmax = acts.model_terms.get("logits_fp32", 0.0)
+    log_softmax = acts.model_terms.get("logits_fp32", acts.model_terms.get("log_softmax", 0.0))
+    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32.
+    lb = c if "log_softmax" in acts.model_terms else _F32
     forward_gathered = _gathered_in_forward(step, at_head=True)
     gathered = forward_gathered - (c * g.head if step.fsdp else 0.0)
-    upcast = c * tokens_vocab + (_F32 * tokens_vocab if c != _F32 else 0.0)
+    upcast = c * tokens_vocab + (lb * tokens_vocab if c != lb else 0.0)
     moments = [
         {"activations": activations, "gathered_parameters": forward_gathered,
          "loss_temporaries": upcast},
         {"activations": activations, "gathered_parameters": gathered,
-         "loss_temporaries": 2 * _F32 * tokens_vocab},
+         "loss_temporaries": 2 * lb * tokens_vocab},
         {"activations": activations - log_softmax, "gathered_parameters": gathered,
          "loss_temporaries": upcast},
     ]
@@ -322,8 +332,8 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
     g, c = step.groups, step.c
     saved = _block_activations(acts) + _model_terms(acts, before_blocks=True)
     recompute = acts.recompute_working_bytes
-    flowing = c * training.micro_batch * training.seq_len * model.hidden_size \
-        / degrees.context_parallel_degree
+    flowing = c * training.micro_batch * decoder_seq_len(model, training) \
+        * model.hidden_size / degrees.context_parallel_degree
     head_grads = (_PARAM_BYTES * g.head / degrees.hybrid_shard_degree) if step.gradients else 0.0
     if not step.fsdp:  # plain tensor parallelism: gradients in the parameters' own dtype
         # Mid-block: the MLP's weight gradients are written while its activations are still

@@ -91,6 +91,8 @@ def _activations_dict(estimate: LayoutEstimate) -> dict[str, Any]:
         "checkpoints_on_gpu": acts.num_checkpoints_on_gpu,
         "per_checkpoint": _int(acts.checkpoint_bytes),
         "model_terms": {k: _int(v) for k, v in acts.model_terms.items()},
+        "encoder_layers": acts.num_encoder_layers,
+        "per_encoder_layer": _int(acts.encoder_layer_bytes),
     }
 
 
@@ -115,6 +117,7 @@ def plan_to_dict(
             "num_key_value_heads": model.num_key_value_heads,
             "intermediate_size": model.intermediate_size, "vocab_size": model.vocab_size,
             "num_experts": model.num_experts, "experts_per_token": model.experts_per_token,
+            "num_decoder_layers": model.num_decoder_layers,
         },
         "cluster": {
             "instance_type": cluster.instance_type, "num_nodes": cluster.num_nodes,
@@ -128,6 +131,7 @@ def plan_to_dict(
             "fused_optimizer": training.fused_optimizer,
             "optimizer_offload": training.optimizer_offload,
             "compute_efficiency": training.compute_efficiency,
+            "decoder_seq_len": training.decoder_seq_len,
         },
         "model_state_bytes_per_gpu": plan.model_state_bytes_per_gpu,
         "num_candidates": len(plan.candidates),

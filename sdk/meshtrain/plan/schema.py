@@ -52,6 +52,7 @@ _CANDIDATE = _object({
         "per_layer": _BYTES, "per_layer_breakdown": _bytes_map(),
         "layers_stored_in_full": _INT, "layers_checkpointed": _INT,
         "checkpoints_on_gpu": _INT, "per_checkpoint": _BYTES, "model_terms": _bytes_map(),
+        "encoder_layers": _INT, "per_encoder_layer": _BYTES,
     }),
     "communication_bytes_per_step": _object({key: _BYTES for key in (
         "fsdp_all_gather", "fsdp_reduce_scatter", "data_parallel_all_reduce",
@@ -71,11 +72,11 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
         "convention": {"enum": ["zero", "smp"]},
         "model": _object({
             "name": {"type": "string"}, "source": {"type": "string"},
-            "family": {"enum": ["llama", "mixtral", "gpt_neox", "gpt"]},
+            "family": {"enum": ["llama", "mixtral", "gpt_neox", "gpt", "t5"]},
             **{key: _INT for key in (
                 "num_params", "hidden_size", "num_layers", "num_attention_heads",
                 "num_key_value_heads", "intermediate_size", "vocab_size", "num_experts",
-                "experts_per_token")},
+                "experts_per_token", "num_decoder_layers")},
         }),
         "cluster": _object({
             "instance_type": {"type": ["string", "null"]}, "num_nodes": _INT,
@@ -86,7 +87,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
             "seq_len": _INT, "micro_batch": _INT, "precision": {"enum": ["bf16", "fp16", "fp32"]},
             "optimizer": {"type": "string"}, "fused_optimizer": {"type": "boolean"},
             "optimizer_offload": {"type": "boolean"},
-            "compute_efficiency": _NUM,
+            "compute_efficiency": _NUM, "decoder_seq_len": {"type": ["integer", "null"]},
         }),
         "model_state_bytes_per_gpu": _object({
             "data_parallel_degree": _INT, "ddp": _BYTES, "zero1": _BYTES, "zero2": _BYTES,
