@@ -5,7 +5,8 @@ this file asks the planner for the same cases and compares:
 
 - model states: per-rank bytes of the storages behind parameters, gradients and AdamW moments
   after one real step (FSDP2's padding included), for full shard (2 and 4 ranks, fp32 and bf16
-  mixed precision), hybrid 2x2, tp 2 alone, tp 2 x shard 2 and ep 2 on a tiny Mixtral, vs
+  mixed precision, and with ``reshard_after_forward: false`` on 2), hybrid 2x2, tp 2 alone,
+  tp 2 x shard 2 and ep 2 on a tiny Mixtral, vs
   `model_state_bytes`: within 2 % on every rank, and never below a rank's bytes (the estimate
   is the padded maximum);
 - activations: saved-tensor bytes per rank of a tiny Llama at two sequence lengths, with and
@@ -59,7 +60,7 @@ PHASE_BOUNDS: dict[str, dict[str, float]] = {
     "ep2_shard4": {"optimizer_step": 0.25},
 }
 STATE_CASES = {
-    2: ["full_shard_2", "tp2"],
+    2: ["full_shard_2", "tp2", "full_shard_2_keep"],
     4: ["full_shard_4", "full_shard_4_bf16", "hybrid_2x2", "tp2_shard2", "ep2_shard4"],
 }
 ACTIVATION_CASES = [
@@ -92,6 +93,11 @@ def _spec_and_degrees(record: dict[str, Any]) -> tuple[ModelSpec, ResolvedDegree
     spec = resolve_model(record["config"])
     degrees = resolve_degrees(SMPParameters(**record["params"]), record["world_size"])
     return spec, degrees
+
+
+def _reshard(record: dict[str, Any]) -> bool | None:
+    """The case's reshard_after_forward (None: the strategy's default)."""
+    return record["params"].get("reshard_after_forward")
 
 
 def _precision(record: dict[str, Any]) -> str:
@@ -190,6 +196,7 @@ def _planned_send_bytes(record: dict[str, Any], *, recompute: bool = False) -> f
         spec, degrees, training, recompute=recompute,
         sequence_parallel=record["params"].get("sequence_parallel", False),
         loss_parallel=record["params"].get("loss_parallel", False),
+        reshard_after_forward=_reshard(record),
     )
     return volumes.total - volumes.expert_all_to_all
 
@@ -210,7 +217,8 @@ def test_communication_volumes_two_ranks(run2, layout: str, checkpointing: bool)
 
 
 @pytest.mark.parametrize(("world", "case", "group_size"), [
-    (2, "full_shard_2", 2), (2, "tp2", 2), (4, "full_shard_4", 4), (4, "full_shard_4_bf16", 4),
+    (2, "full_shard_2", 2), (2, "tp2", 2), (2, "full_shard_2_keep", 2), (4, "full_shard_4", 4),
+    (4, "full_shard_4_bf16", 4),
     (4, "hybrid_2x2", 2), (4, "tp2_shard2", 2),
 ])
 def test_communication_volumes_model_state_cases(request, world, case, group_size) -> None:
@@ -239,7 +247,8 @@ def planned_phases_above_start(record: dict[str, Any]) -> dict[str, float]:
         else "none")
     uses_fsdp = tp == 1 or degrees.data_parallel_degree > 1 or precision != "fp32"
     phases = phase_memory(spec, degrees, training, acts, uses_fsdp=uses_fsdp, on_gpu=False,
-                          loss_parallel=params.get("loss_parallel", False))
+                          loss_parallel=params.get("loss_parallel", False),
+                          reshard_after_forward=_reshard(record))
     return {phase.name: phase.total - phase.terms["sharded_parameters"]
             - phase.terms["optimizer_states"] for phase in phases}
 
@@ -279,6 +288,24 @@ def test_phase_peaks_model_state_cases(request, world: int, case: str) -> None:
     second step (AdamW's states exist, gradients were set to None) against the plan."""
     records = select(request.getfixturevalue(f"run{world}"), world, case=case)
     _check_phases(records, PHASES, PHASE_BOUNDS.get(case))
+
+
+def test_kept_gathered_parameters_measured(run2) -> None:
+    """reshard_after_forward=False vs the default on the same 2-rank full shard: the forward
+    phase grows by at least what the plan says stays gathered (the embedding and the other
+    block, fp32 here: 212,992 B), and the all-gathers of the blocks and the embedding run once.
+    Measured: 276,224 B (+30 %: 63 kB more than the kept groups, not yet explained; the whole
+    forward phase is 7.7 % above the plan, inside PHASE_BOUND)."""
+    keep = select(run2, 2, case="full_shard_2_keep")
+    default = select(run2, 2, case="full_shard_2")
+    planned = (planned_phases_above_start(keep[0])["forward"]
+               - planned_phases_above_start(default[0])["forward"])
+    measured = _lowest_rank(keep, "forward") - _lowest_rank(default, "forward")
+    assert planned == 4 * (128 * 64 + fsdp_groups(*_spec_and_degrees(keep[0])).block_total)
+    assert planned <= measured <= 1.35 * planned, (measured, planned)
+    gathers = [sum(n for key, n in r["collectives"]["payload_bytes"].items()
+                   if key.endswith("/all_gather")) for r in (keep[0], default[0])]
+    assert gathers[0] < gathers[1]
 
 
 @pytest.mark.parametrize(("layout", "seq_len", "checkpointing"),

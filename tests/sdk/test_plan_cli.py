@@ -91,11 +91,11 @@ def test_bad_arguments_exit_2(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
-def test_json_has_phases_by_schema_version_2(capsys):
+def test_json_has_phases_by_schema_version_3(capsys):
     _, out = run(["--model", "llama2-7b", "--gpus", "8", "--json", "--top", "1"], capsys)
     data = json.loads(out)
     jsonschema.validate(data, PLAN_JSON_SCHEMA)
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     memory = data["recommendation"]["memory_bytes"]
     phases = memory["phases"]
     assert list(phases) == ["forward", "loss", "backward", "optimizer_step"]

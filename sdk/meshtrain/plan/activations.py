@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.plan.encdec import check_layout, checkpointed_blocks, t5_layer_terms, t5_model_terms
 from meshtrain.plan.models import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
@@ -85,16 +86,29 @@ class ActivationEstimate:
     """Checkpointed layers whose inputs stay on the GPU (all, or the offload horizon)."""
     model_terms: dict[str, float] = field(default_factory=dict)
     """Once per model: token ids, rotary tables, final norm, head input, logits, labels."""
+    encoder_layer_terms: dict[str, float] = field(default_factory=dict)
+    """Encoder-decoder models: one encoder block (`layer_terms` is then a decoder block's, the
+    last block in forward and the first in backward; `num_layers` counts the decoder's)."""
+    num_encoder_layers: int = 0
+    encoder_checkpointed: int = 0
+    encoder_checkpoints_on_gpu: int = 0
+    encoder_checkpoint_bytes: float = 0.0
 
     @property
     def layer_bytes(self) -> float:
         return sum(self.layer_terms.values())
 
     @property
+    def encoder_layer_bytes(self) -> float:
+        return sum(self.encoder_layer_terms.values())
+
+    @property
     def total_bytes(self) -> float:
         full = (self.num_layers - self.num_checkpointed) * self.layer_bytes
         checkpoints = self.num_checkpoints_on_gpu * self.checkpoint_bytes
-        return full + checkpoints + sum(self.model_terms.values())
+        encoder = ((self.num_encoder_layers - self.encoder_checkpointed) * self.encoder_layer_bytes
+                   + self.encoder_checkpoints_on_gpu * self.encoder_checkpoint_bytes)
+        return full + checkpoints + encoder + sum(self.model_terms.values())
 
     @property
     def recompute_working_bytes(self) -> float:
@@ -116,6 +130,7 @@ def activation_bytes(
     offload: bool = False,
     loading_horizon: int = 2,
     loss_parallel: bool = False,
+    decoder_seq_len: int | None = None,
 ) -> ActivationEstimate:
     """Activation bytes per GPU for `micro_batch` sequences of `seq_len` tokens.
 
@@ -124,9 +139,17 @@ def activation_bytes(
     layers'. `"selective"` recomputes the attention core (drops the s x s tensors).
     `loss_parallel` keeps the logits split over the vocabulary (the runtime's option; by
     default the head gathers them, as HF's ``colwise_gather_output`` does).
+    Encoder-decoder models (family ``t5``): `seq_len` is the encoder's, `decoder_seq_len` the
+    decoder's (default `seq_len`); see meshtrain.plan.encdec.
     """
     if precision not in ACT_BYTES:
         raise ConfigError(f"precision={precision!r}: use one of {', '.join(ACT_BYTES)}.")
+    if model.is_encoder_decoder:
+        check_layout(model, tensor_parallel_degree=tensor_parallel_degree,
+                     context_parallel_degree=context_parallel_degree)
+        return _encoder_decoder(model, seq_len, decoder_seq_len or seq_len, micro_batch,
+                                ACT_BYTES[precision], recompute == "full" and checkpoint_interval,
+                                offload, loading_horizon)
     if seq_len % context_parallel_degree:
         raise ConfigError(f"seq_len={seq_len} is not divisible by context_parallel_degree="
                           f"{context_parallel_degree}.")
@@ -142,6 +165,25 @@ def activation_bytes(
         num_checkpointed=num_ckpt,
         num_checkpoints_on_gpu=on_gpu,
         model_terms=_model_terms(model, shape, loss_parallel=loss_parallel),
+    )
+
+
+def _encoder_decoder(model: ModelSpec, s_enc: int, s_dec: int, b: int, c: int,
+                     interval: int | bool, offload: bool, horizon: int) -> ActivationEstimate:
+    """T5-style models (meshtrain.plan.encdec); `interval` 0/False: no checkpointing."""
+    enc_ckpt, dec_ckpt = checkpointed_blocks(model, int(interval)) if interval else (0, 0)
+    dec_on_gpu = min(horizon, dec_ckpt) if offload else dec_ckpt
+    enc_on_gpu = min(max(0, horizon - dec_ckpt), enc_ckpt) if offload else enc_ckpt
+    return ActivationEstimate(
+        layer_terms=t5_layer_terms(model, b, s_enc, s_dec, c, decoder=True),
+        checkpoint_bytes=c * b * s_dec * model.hidden_size,
+        num_layers=model.num_decoder_layers, num_checkpointed=dec_ckpt,
+        num_checkpoints_on_gpu=dec_on_gpu,
+        model_terms=t5_model_terms(model, b, s_enc, s_dec, c),
+        encoder_layer_terms=t5_layer_terms(model, b, s_enc, s_dec, c, decoder=False),
+        num_encoder_layers=model.num_layers, encoder_checkpointed=enc_ckpt,
+        encoder_checkpoints_on_gpu=enc_on_gpu,
+        encoder_checkpoint_bytes=c * b * s_enc * model.hidden_size,
     )
 
 

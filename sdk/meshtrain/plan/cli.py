@@ -16,6 +16,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from meshtrain.contract.errors import ConfigError
@@ -45,11 +46,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--num-params", type=float, help="only the parameter count, e.g. 7e9")
     for name in (*_DIMENSIONS, "num_kv_heads", "vocab_size", "num_experts", "experts_per_token"):
         model.add_argument(f"--{name.replace('_', '-')}", type=int)
+    encdec = parser.add_argument_group(
+        "encoder-decoder dimensions (T5 style; with --num-decoder-layers, --num-layers counts "
+        "the encoder's blocks)")
+    encdec.add_argument("--num-decoder-layers", type=int)
+    encdec.add_argument("--head-dim", type=int, help="d_kv (default hidden / heads)")
+    encdec.add_argument("--ffn", choices=("relu", "gated_gelu"), default="relu",
+                        help="the MLP: relu (T5) or gated_gelu (T5 v1.1, Flan-T5)")
+    encdec.add_argument("--tie-embeddings", action="store_true",
+                        help="the output head is the shared embedding (T5 v1.0)")
+    encdec.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout_rate (T5's configs: 0.1)")
     model.add_argument("--largest-layer-params", type=float,
                        help="parameters of the largest block, e.g. 2.1e8 (sizes FSDP's "
                             "gathered buffers; default: from the shape)")
     run = parser.add_argument_group("training")
-    run.add_argument("--seq-len", type=int, default=4096)
+    run.add_argument("--seq-len", type=int, default=4096,
+                     help="tokens per sequence (an encoder-decoder's encoder input)")
+    run.add_argument("--decoder-seq-len", type=int,
+                     help="encoder-decoder models: the decoder's (labels') tokens "
+                          "(default --seq-len)")
     run.add_argument("--micro-batch", type=int, default=1, help="sequences per data-parallel rank")
     run.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     run.add_argument("--optimizer", choices=tuple(OPTIMIZER_STATE_BYTES), default="adamw")
@@ -58,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--optimizer-offload", action="store_true",
                      help="optimizer states and step in host memory (a script's own offloaded "
                           "optimizer; FSDP's cpu_offload also moves parameters and gradients)")
+    run.add_argument("--reshard-after-forward", choices=("auto", "true", "false"),
+                     default="auto",
+                     help="FSDP groups free their gathered parameters after forward (true) or "
+                          "keep them until backward (false) in every candidate; auto (default): "
+                          "each strategy's choice, and no_shard both ways")
     run.add_argument("--convention", choices=("zero", "smp"), default="zero",
                      help="bytes per parameter: zero=16 (default), smp=20 (with Adam)")
     run.add_argument("--compute-efficiency", type=float, default=0.4,
@@ -108,6 +129,8 @@ def _model_shape(args: argparse.Namespace) -> ModelSpec:
     missing = [f"--{name.replace('_', '-')}" for name in _DIMENSIONS if getattr(args, name) is None]
     if missing:
         raise ConfigError(f"Explicit dimensions need {', '.join(missing)} as well.")
+    if getattr(args, "num_decoder_layers", None):
+        return _encoder_decoder_shape(args)
     experts = args.num_experts or 0
     return ModelSpec(
         name="custom", family="mixtral" if experts else "llama", hidden_size=args.hidden_size,
@@ -115,6 +138,20 @@ def _model_shape(args: argparse.Namespace) -> ModelSpec:
         num_key_value_heads=args.num_kv_heads or args.num_heads,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size or 32000,
         num_experts=experts, experts_per_token=args.experts_per_token or (2 if experts else 0))
+
+
+def _encoder_decoder_shape(args: argparse.Namespace) -> ModelSpec:
+    try:
+        return ModelSpec(
+            name="custom encoder-decoder", family="t5", hidden_size=args.hidden_size,
+            num_layers=args.num_layers, num_decoder_layers=args.num_decoder_layers,
+            num_attention_heads=args.num_heads, num_key_value_heads=args.num_heads,
+            head_dim=args.head_dim, intermediate_size=args.intermediate_size,
+            vocab_size=args.vocab_size or 32128, ffn=args.ffn,
+            tie_word_embeddings=args.tie_embeddings, hidden_dropout=args.dropout,
+            attention_dropout=args.dropout)
+    except ValidationError as error:
+        raise ConfigError(f"Encoder-decoder dimensions: {error.errors()[0]['msg']}") from None
 
 
 def cluster_from_args(args: argparse.Namespace) -> tuple[Cluster, Callable[[int], Cluster]]:
@@ -145,9 +182,16 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
                         precision=args.precision, optimizer=args.optimizer,
                         convention=args.convention, compute_efficiency=args.compute_efficiency,
                         fused_optimizer=args.fused_optimizer,
-                        optimizer_offload=args.optimizer_offload)
+                        optimizer_offload=args.optimizer_offload,
+                        decoder_seq_len=getattr(args, "decoder_seq_len", None))
     cluster, build = cluster_from_args(args)
-    return plan_layouts(model, cluster, training), build
+    return plan_layouts(model, cluster, training, reshard_from_args(args)), build
+
+
+def reshard_from_args(args: argparse.Namespace) -> bool | None:
+    """--reshard-after-forward: None for auto (see `meshtrain.plan.layouts.Reshard`)."""
+    return {"auto": None, "true": True, "false": False}[
+        getattr(args, "reshard_after_forward", "auto")]
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -160,7 +204,8 @@ def run_plan(args: argparse.Namespace) -> int:
     bigger = None
     if best is None:  # nothing fits: how many hosts of this kind would do
         bigger = smallest_fitting_count(plan.model, plan.training, build,
-                                        above=plan.cluster.num_nodes)
+                                        above=plan.cluster.num_nodes,
+                                        reshard=reshard_from_args(args))
     if args.json:
         data = plan_to_dict(plan, top=top,
                             smallest_fitting_node_count=None if bigger is None else bigger[0])

@@ -8,7 +8,8 @@ Ring algorithms (what NCCL and gloo run), for a message of M bytes over n ranks,
 Per step (one micro-batch each, as the runtime runs it):
 
 - FSDP: all-gather the compute-dtype parameters in forward, and again in backward when units
-  reshard after forward (full_shard, hybrid_shard; the output head and the root never do:
+  reshard after forward (full_shard, hybrid_shard, or ``reshard_after_forward: true``; the
+  output head and the root never do:
   FSDP2 keeps the root unit gathered from forward to backward); reduce-scatter
   fp32 gradients; with replicas, all-reduce the gradient shards over the replicate group.
   Expert tensors do this over ``shard / ep`` ranks.
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
+from meshtrain.plan.encdec import decoder_seq_len, t5_flops
 from meshtrain.plan.memory import REDUCE_BYTES, Training, group_shard_elements
 from meshtrain.plan.models import ModelSpec, param_groups
 
@@ -100,6 +102,7 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
 def communication_volumes(
     model: ModelSpec, degrees: ResolvedDegrees, training: Training, *,
     recompute: bool | float = False, loss_parallel: bool = False, sequence_parallel: bool = False,
+    reshard_after_forward: bool | None = None,
 ) -> CommVolumes:
     """Bytes one GPU sends per step under `degrees` (see the module docstring).
 
@@ -107,13 +110,17 @@ def communication_volumes(
     `loss_parallel`: the head's logits stay split over the vocabulary (no gather).
     `sequence_parallel`: changes what a recomputed layer repeats and all-reduces the gradients
     of the vectors TP keeps whole.
+    `reshard_after_forward`: the runtime's key resolved (None: the strategy's default); groups
+    that reshard after forward are gathered again in backward.
     """
     recompute = float(recompute)
     dense, expert, once = _local_elements(model, degrees)
     c, r = training.compute_bytes, REDUCE_BYTES
     shard, rep = degrees.hybrid_shard_degree, degrees.replicate_degree
     expert_shard = shard // degrees.expert_parallel_degree
-    gathers = 2 if degrees.reshard_after_forward else 1
+    reshard = degrees.reshard_after_forward if reshard_after_forward is None \
+        else reshard_after_forward
+    gathers = 2 if reshard else 1
     all_gather = (all_gather_bytes(shard, (gathers * (dense - once) + once) * c)
                   + all_gather_bytes(expert_shard, gathers * expert * c))
     reduce_scatter = reduce_scatter_bytes(shard, dense * r) + reduce_scatter_bytes(
@@ -230,7 +237,12 @@ def training_flops_per_gpu(
     """6 N_active FLOPs per token (+2 N for recomputed layers) plus attention's 12 L s h_attn.
 
     N_active leaves out the input embedding and the experts a token does not visit.
+    Encoder-decoder models: meshtrain.plan.encdec.t5_flops (each stack its own tokens).
     """
+    if model.is_encoder_decoder:
+        return t5_flops(model, training, _tokens(degrees, training),
+                        training.micro_batch * decoder_seq_len(model, training),
+                        recompute_fraction)
     n = model.num_params
     groups = [] if model.declared_num_params else param_groups(model)
     embedding = sum(g.numel * g.count for g in groups if g.unit == "embedding")

@@ -4,9 +4,10 @@ Every candidate is a set of SMP parameters that meshtrain's own `resolve_degrees
 the cluster's world size, so the planner never recommends a layout the runtime would reject.
 Candidates: tensor parallelism within a host (dividing the attention and key/value heads);
 every hybrid_shard_degree dividing the data-parallel size, with FSDP's default strategy and
-with shard_grad_op; expert parallelism dividing the shard degree and the experts (MoE only,
-never with TP); activation checkpointing off, on, and on with offloading; sequence parallelism
-off and on with TP.
+with shard_grad_op (without sharding: no_shard keeping its gathered parameters between forward
+and backward, and resharding them after forward); expert parallelism dividing the shard degree
+and the experts (MoE only, never with TP); activation checkpointing off, on, and on with
+offloading; sequence parallelism off and on with TP.
 
 Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
 and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,
@@ -49,7 +50,18 @@ from meshtrain.plan.phases import RESIDENT_TERMS, Offload, PhaseMemory, phase_me
 LAYOUT_KEYS = ("hybrid_shard_degree", "tensor_parallel_degree", "expert_parallel_degree",
                "context_parallel_degree", "sharding_strategy", "sequence_parallel",
                "activation_checkpointing", "activation_checkpointing_interval",
-               "activation_offloading", "activation_loading_horizon", "cpu_offload")
+               "activation_offloading", "activation_loading_horizon", "cpu_offload",
+               "reshard_after_forward")
+Reshard = bool | None
+"""A `reshard_after_forward` choice for the candidates: True / False, or None (each
+candidate its strategy's default, and a no_shard candidate both ways)."""
+
+
+def resolve_reshard(parameters: SMPParameters, degrees: ResolvedDegrees) -> bool:
+    """The runtime's `reshard_after_forward`: as given, or "auto" the strategy's default
+    (False for no_shard, shard_grad_op, _hybrid_shard_zero2)."""
+    setting = parameters.reshard_after_forward
+    return degrees.reshard_after_forward if setting == "auto" else bool(setting)
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,11 @@ class LayoutEstimate:
         if self.capacity_bytes is None:
             return None
         return self.capacity_bytes - self.memory.peak_bytes
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """Whether FSDP groups free their unsharded parameters after forward (resolved)."""
+        return resolve_reshard(self.parameters, self.degrees)
 
     @property
     def layout(self) -> dict[str, Any]:
@@ -105,12 +122,14 @@ def estimate_layout(
         checkpoint_interval=parameters.activation_checkpointing_interval,
         offload=parameters.activation_offloading,
         loading_horizon=parameters.activation_loading_horizon,
+        decoder_seq_len=training.decoder_seq_len,
     )
     memory = _memory(model, parameters, degrees, training, acts, cluster)
-    recompute_fraction = acts.num_checkpointed / model.num_layers
+    recompute_fraction = (acts.num_checkpointed + acts.encoder_checkpointed) / model.num_blocks
     volumes = communication_volumes(
         model, degrees, training, recompute=recompute_fraction,
         sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
+        reshard_after_forward=resolve_reshard(parameters, degrees),
     )
     flops = training_flops_per_gpu(model, degrees, training, recompute_fraction=recompute_fraction)
     return LayoutEstimate(parameters, degrees, memory, acts, volumes,
@@ -127,7 +146,8 @@ def _memory(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegree
                  or training.mixed or parameters.cpu_offload)
     phases = phase_memory(model, degrees, training, acts, offload=offload, uses_fsdp=uses_fsdp,
                           loss_parallel=parameters.loss_parallel,
-                          on_gpu=cluster.rank_unit == "GPU")
+                          on_gpu=cluster.rank_unit == "GPU",
+                          reshard_after_forward=resolve_reshard(parameters, degrees))
     states = model_state_bytes(model, degrees, training, cpu_offload=parameters.cpu_offload)
     if offload == "optimizer":
         states = ModelStateBytes(states.parameters, states.gradients, 0)
@@ -150,28 +170,40 @@ def _world(cluster: Cluster) -> str:
     return f"{cluster.num_nodes} hosts x {cluster.ranks_per_node} processes"
 
 
-def candidate_parameters(model: ModelSpec, cluster: Cluster) -> Iterator[SMPParameters]:
-    """Every SMP parameter set the planner considers for `cluster` (see the module docstring)."""
+def candidate_parameters(model: ModelSpec, cluster: Cluster,
+                         reshard: Reshard = None) -> Iterator[SMPParameters]:
+    """Every SMP parameter set the planner considers for `cluster` (see the module docstring);
+    `reshard` fixes `reshard_after_forward` for all of them (None: see `Reshard`)."""
     world, per_node = cluster.world_size, cluster.ranks_per_node
     tps = [t for t in divisors(world) if t <= per_node and model.num_attention_heads % t == 0
-           and model.num_key_value_heads % t == 0]
+           and model.num_key_value_heads % t == 0 and (t == 1 or not model.is_encoder_decoder)]
     recompute_options = ((False, False), (True, False), (True, True))
     for tp in tps:
         for shard in divisors(world // tp):
-            strategies = [None] if shard == 1 else [None, "shard_grad_op"]
             eps = _expert_degrees(model, shard) if tp == 1 else [1]
             sps = [False, True] if tp > 1 else [False]
-            for strategy, ep, sp, (ac, off) in itertools.product(strategies, eps, sps,
-                                                                 recompute_options):
+            for (strategy, keep), ep, sp, (ac, off) in itertools.product(
+                    _fsdp_options(shard, reshard), eps, sps, recompute_options):
                 try:
                     yield SMPParameters(
                         hybrid_shard_degree=shard, tensor_parallel_degree=tp,
                         expert_parallel_degree=ep, sharding_strategy=strategy,
                         sequence_parallel=sp, activation_checkpointing=ac,
-                        activation_offloading=off,
+                        activation_offloading=off, reshard_after_forward=keep,
                     )
                 except ValidationError:
                     continue  # a combination SMPParameters itself rejects
+
+
+def _fsdp_options(shard: int, reshard: Reshard) -> list[tuple[str | None, bool | str]]:
+    """(sharding_strategy, reshard_after_forward) pairs: with a shard group the default
+    strategy and shard_grad_op (the same two layouts as reshard True / False); without one
+    (no_shard) its default (keep gathered) and resharding after forward."""
+    if reshard is not None:
+        return [(None, reshard)]
+    if shard == 1:
+        return [(None, "auto"), (None, True)]
+    return [(None, "auto"), ("shard_grad_op", "auto")]
 
 
 def _expert_degrees(model: ModelSpec, shard: int) -> list[int]:
@@ -206,10 +238,11 @@ def rank_key(estimate: LayoutEstimate) -> tuple:
     return (False, -estimate.time.tokens_per_s, estimate.memory.peak_bytes)
 
 
-def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training) -> Plan:
-    """Estimate every candidate layout on `cluster` and rank them."""
+def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training,
+                 reshard: Reshard = None) -> Plan:
+    """Estimate every candidate layout on `cluster` and rank them (`reshard`: see `Reshard`)."""
     estimates = []
-    for parameters in candidate_parameters(model, cluster):
+    for parameters in candidate_parameters(model, cluster, reshard):
         try:
             estimates.append(estimate_layout(model, parameters, cluster, training))
         except ConfigError:
@@ -224,13 +257,14 @@ _COUNT_LADDER = (*range(1, 17), 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 2
 
 def smallest_fitting_count(
     model: ModelSpec, training: Training, build: Callable[[int], Cluster], *, above: int = 0,
+    reshard: Reshard = None,
 ) -> tuple[int, Plan] | None:
     """The fewest hosts (more than `above`, up to 512) on which some layout fits.
 
     `build(count)` makes the cluster of `count` hosts. None when even 512 do not suffice.
     """
     for count in (c for c in _COUNT_LADDER if c > above):
-        plan = plan_layouts(model, build(count), training)
+        plan = plan_layouts(model, build(count), training, reshard)
         if plan.best is not None and plan.best.fits:
             return count, plan
     return None
@@ -289,6 +323,7 @@ __all__ = [
     "plan_layouts",
     "rank_key",
     "reasoning",
+    "resolve_reshard",
     "smallest_fitting_count",
     "tipping_term",
 ]

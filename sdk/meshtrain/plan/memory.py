@@ -58,8 +58,12 @@ class Training:
     optimizer_offload: bool = False
     """The optimizer's states and step live in host memory (a script's own offloaded
     optimizer; FSDP2's `cpu_offload` moves parameters and gradients too)."""
+    decoder_seq_len: int | None = None
+    """Encoder-decoder models: the decoder's (labels') length; None: `seq_len`."""
 
     def __post_init__(self) -> None:
+        if self.decoder_seq_len is not None and self.decoder_seq_len < 1:
+            raise ConfigError(f"decoder_seq_len={self.decoder_seq_len} must be at least 1.")
         if self.seq_len < 1 or self.micro_batch < 1:
             raise ConfigError(f"seq_len={self.seq_len} and micro_batch={self.micro_batch} must "
                               "be at least 1.")

@@ -8,6 +8,8 @@ A `ModelSpec` is what the memory, activation and communication formulas read. Fa
   residual.
 - ``gpt``: the GPT layer of Korthikanti et al. 2022 (LayerNorm, 4h GELU MLP, dropout, no
   fused attention kernel), kept as the reference the paper's formulas are stated for.
+- ``t5``: encoder-decoder (T5, T5 v1.1, Flan-T5; meshtrain.plan.encdec): ``num_layers``
+  encoder blocks and ``num_decoder_layers`` decoder blocks with cross-attention.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
 
-Family = Literal["llama", "mixtral", "gpt_neox", "gpt"]
+Family = Literal["llama", "mixtral", "gpt_neox", "gpt", "t5"]
 
 
 class ModelSpec(BaseModel):
-    """A decoder-only transformer's shape, as the planner needs it."""
+    """A transformer's shape, as the planner needs it (decoder-only, or encoder-decoder with
+    ``num_decoder_layers``; then ``num_layers`` counts the encoder's blocks)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -52,6 +55,11 @@ class ModelSpec(BaseModel):
     attention: Literal["sdpa", "eager"] = "sdpa"
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    num_decoder_layers: int = 0
+    """Encoder-decoder (family ``t5``): the decoder's blocks; 0 for decoder-only models."""
+    ffn: Literal["swiglu", "relu", "gated_gelu"] = "swiglu"
+    """The MLP of family ``t5``: ``relu`` (T5 v1.0) or ``gated_gelu`` (T5 v1.1, Flan-T5)."""
+    relative_attention_num_buckets: int = 32
     largest_layer_params: int | None = None
     """Parameters of the largest block, when blocks differ or only a count is known: it sizes
     the unsharded buffers FSDP gathers per block (default: the shape's block)."""
@@ -75,6 +83,11 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if (self.family == "t5") != (self.num_decoder_layers > 0):
+            raise ValueError("family 't5' (encoder-decoder) needs num_decoder_layers > 0, and "
+                             "only it has decoder layers")
+        if self.family == "t5" and self.ffn == "swiglu":
+            raise ValueError("family 't5' has a 'relu' or 'gated_gelu' MLP (ffn)")
         if (self.family == "mixtral") != (self.num_experts > 0):
             raise ValueError("family 'mixtral' needs num_experts > 0, and only it has experts")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
@@ -94,6 +107,15 @@ class ModelSpec(BaseModel):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.num_decoder_layers > 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks FSDP wraps one by one: encoder and decoder blocks together."""
+        return self.num_layers + self.num_decoder_layers
 
     @property
     def num_params(self) -> int:
@@ -136,6 +158,10 @@ def param_groups(model: ModelSpec) -> list[ParamGroup]:
     """
     if model.declared_num_params is not None:
         return [ParamGroup("params", (model.declared_num_params,), tp_dim=0)]
+    if model.family == "t5":
+        from meshtrain.plan.encdec import t5_groups
+
+        return t5_groups(model)
     builders = {"llama": _llama_groups, "mixtral": _llama_groups,
                 "gpt_neox": _neox_groups, "gpt": _gpt_groups}
     return builders[model.family](model)
@@ -221,6 +247,17 @@ PRESETS: dict[str, ModelSpec] = {
                            num_experts=8, experts_per_token=2),
     "gpt-neox-20b": _llama("gpt-neox-20b", 6144, 44, 64, 64, 24576, 50432, family="gpt_neox",
                            rotary_fraction=0.25, max_position_embeddings=2048),
+    # T5 (d_model, num_layers, num_heads, d_kv, d_ff, vocab_size): tied head, relu MLP; Flan-T5
+    # (T5 v1.1): untied head, gated-gelu MLP. Dropout 0.1 as their configs say.
+    "t5-3b": _llama("t5-3b", 1024, 24, 32, 32, 16384, 32128, family="t5", num_decoder_layers=24,
+                    head_dim=128, ffn="relu", tie_word_embeddings=True, hidden_dropout=0.1,
+                    attention_dropout=0.1),
+    "t5-11b": _llama("t5-11b", 1024, 24, 128, 128, 65536, 32128, family="t5",
+                     num_decoder_layers=24, head_dim=128, ffn="relu", tie_word_embeddings=True,
+                     hidden_dropout=0.1, attention_dropout=0.1),
+    "flan-t5-xl": _llama("flan-t5-xl", 2048, 24, 32, 32, 5120, 32128, family="t5",
+                         num_decoder_layers=24, head_dim=64, ffn="gated_gelu",
+                         hidden_dropout=0.1, attention_dropout=0.1),
 }
 
 
@@ -267,6 +304,10 @@ def from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -> Mod
 
 
 def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    if model_type in ("t5", "mt5"):
+        from meshtrain.plan.encdec import from_t5_config
+
+        return from_t5_config(config)
     heads = int(config["num_attention_heads"])
     fields: dict[str, Any] = {
         "hidden_size": int(config["hidden_size"]),
@@ -298,7 +339,8 @@ def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         return fields
     raise ConfigError(
         f"model_type {model_type!r} is not one the planner knows (llama, mistral, qwen2, "
-        "mixtral, gpt_neox). Give its dimensions instead (--hidden-size, --num-layers, ...)."
+        "mixtral, gpt_neox, t5, mt5). Give its dimensions instead (--hidden-size, "
+        "--num-layers, ...)."
     )
 
 

@@ -39,8 +39,15 @@ states. The sharded gradients exist only from backward to the end of the optimiz
 ``cpu_offload`` is FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients, optimizer
 states and the step run in host memory; the unsharded buffers stay on the GPU. Optimizer-only
 offload (a script's own host-side optimizer, not a layout the runtime builds) moves only the
-optimizer states and its step. ``shard_grad_op`` (ZeRO-2; also the runtime's nearest layout to
-ZeRO-1) keeps every group's unsharded parameters from its forward to its backward.
+optimizer states and its step.
+
+``reshard_after_forward`` (the runtime's key; by default the strategy's choice) decides whether
+a group frees its unsharded parameters once its forward is done. False keeps every group's
+unsharded parameters from its forward to its backward: ``shard_grad_op`` (ZeRO-2; also the
+runtime's nearest layout to ZeRO-1), ``_hybrid_shard_zero2`` and ``no_shard`` (one rank, or a
+shard group of one) by default, or any strategy with ``reshard_after_forward: false``. True frees
+them (the output head and the root stay gathered: backward starts with them), and the
+first block in backward then gathers again with the next one prefetched.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from typing import Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.activations import ActivationEstimate
+from meshtrain.plan.encdec import decoder_seq_len, t5_groups
 from meshtrain.plan.memory import (
     OPTIMIZER_STATE_BYTES,
     REDUCE_BYTES,
@@ -66,7 +74,10 @@ _PARAM_BYTES = 4
 """FSDP2 keeps parameters (and so their sharded gradients) in the model's dtype: fp32."""
 RESIDENT_TERMS = ("sharded_parameters", "optimizer_states", "sharded_gradients", "activations")
 """Terms that are model states or saved activations; the rest are a phase's buffers."""
-_BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask")
+_BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask",
+                  "decoder_token_ids", "relative_position_buckets", "encoder_final_norm",
+                  "encoder_output", "cross_attention_bias")
+"""Model terms that exist before the last block runs (for encoder-decoders: the encoder's)."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +139,11 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
         if unit == "embedding" and model.tie_word_embeddings:
             unit = "root"
         sizes[unit] += local * width
-    blocks = model.num_layers
+    blocks = model.num_blocks
     block = sizes["layer"] / blocks
+    if model.is_encoder_decoder:  # a decoder block (cross-attention too) is the largest
+        block = sum(group_shard_elements(g, tp=tp, ep=ep, shard=shard) * g.count * shard
+                    for g in t5_groups(model, decoder_block_only=True))
     if model.largest_layer_params is not None:
         block = model.largest_layer_params / tp
     return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
@@ -145,7 +159,9 @@ class _Step:
     c: int  # compute dtype
     groups: FSDPGroups
     fsdp: bool
-    shard_grad_op: bool
+    keep_gathered: bool
+    """Groups keep their unsharded parameters from forward to backward
+    (``reshard_after_forward`` False)."""
     states: dict[str, float]
     gradients: float
     step_buffer: float
@@ -164,7 +180,7 @@ def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
 
 
 def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
-          offload: Offload, uses_fsdp: bool, on_gpu: bool) -> _Step:
+          offload: Offload, uses_fsdp: bool, on_gpu: bool, reshard: bool | None) -> _Step:
     groups = fsdp_groups(model, degrees)
     moments = OPTIMIZER_STATE_BYTES[training.optimizer]
     on_gpu_params = offload != "cpu_offload"
@@ -174,7 +190,9 @@ def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
         "optimizer_states": moments * groups.sharded if on_gpu_optimizer else 0.0,
     }
     return _Step(c=training.compute_bytes if uses_fsdp else _PARAM_BYTES, groups=groups,
-                 fsdp=uses_fsdp, shard_grad_op=not degrees.reshard_after_forward,
+                 fsdp=uses_fsdp,
+                 keep_gathered=not (degrees.reshard_after_forward if reshard is None
+                                    else reshard),
                  states=states,
                  gradients=_PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
                  step_buffer=_step_buffer(groups, training, on_gpu) if on_gpu_optimizer
@@ -191,15 +209,17 @@ def phase_memory(
     uses_fsdp: bool = True,
     loss_parallel: bool = False,
     on_gpu: bool = True,
+    reshard_after_forward: bool | None = None,
 ) -> list[PhaseMemory]:
     """The four phases of one step on one rank (see the module docstring).
 
     `uses_fsdp` is False only where the runtime skips FSDP (tensor parallelism alone, fp32,
     no offload: see `meshtrain_runtime.parallelize.uses_fsdp`); `loss_parallel` keeps the
     logits split over the vocabulary; `on_gpu` False plans CPU ranks (the optimizer's
-    per-tensor loop, see `_step_buffer`).
+    per-tensor loop, see `_step_buffer`); `reshard_after_forward` is the runtime's key resolved
+    (None: the strategy's default, `degrees.reshard_after_forward`).
     """
-    step = _step(model, degrees, training, offload, uses_fsdp, on_gpu)
+    step = _step(model, degrees, training, offload, uses_fsdp, on_gpu, reshard_after_forward)
     tokens_vocab = _tokens_vocab(model, degrees, training, loss_parallel)
     return [
         PhaseMemory("forward", step.states | _forward_terms(step, activations)),
@@ -213,7 +233,8 @@ def phase_memory(
 
 def _tokens_vocab(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
                   loss_parallel: bool) -> float:
-    tokens = training.micro_batch * training.seq_len / degrees.context_parallel_degree
+    tokens = training.micro_batch * decoder_seq_len(model, training) \
+        / degrees.context_parallel_degree
     vocab = model.vocab_size / (degrees.tensor_parallel_degree if loss_parallel else 1)
     return tokens * vocab
 
@@ -229,12 +250,13 @@ def _block_activations(acts: ActivationEstimate) -> float:
 def _gathered_in_forward(step: _Step, *, at_head: bool) -> float:
     """Unsharded parameters held while a block (or, `at_head`, the output head) computes in
     forward: its own, its flat all-gather buffer (kept until the next copy-out) and the root's;
-    under shard_grad_op every group gathered so far instead of only the running one."""
+    when groups keep their parameters gathered (``reshard_after_forward`` False) every group
+    gathered so far as well."""
     if not step.fsdp:
         return 0.0
     g = step.groups
     current = g.head if at_head else g.block_total
-    if step.shard_grad_op:
+    if step.keep_gathered:
         running = g.embedding + g.num_blocks * g.block_total + (g.head if at_head else 0)
         return step.c * (g.root + current + running)
     return step.c * (g.root + 2 * current)
@@ -277,19 +299,21 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
     head's own backward (module docstring)."""
     c, g = step.c, step.groups
     activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
-    log_softmax = acts.model_terms.get("logits_fp32", 0.0)
+    log_softmax = acts.model_terms.get("logits_fp32", acts.model_terms.get("log_softmax", 0.0))
+    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32.
+    lb = c if "log_softmax" in acts.model_terms else _F32
     forward_gathered = _gathered_in_forward(step, at_head=True)
     gathered = forward_gathered - (c * g.head if step.fsdp else 0.0)
-    upcast = c * tokens_vocab + (_F32 * tokens_vocab if c != _F32 else 0.0)
+    upcast = c * tokens_vocab + (lb * tokens_vocab if c != lb else 0.0)
     moments = [
         {"activations": activations, "gathered_parameters": forward_gathered,
          "loss_temporaries": upcast},
         {"activations": activations, "gathered_parameters": gathered,
-         "loss_temporaries": 2 * _F32 * tokens_vocab},
+         "loss_temporaries": 2 * lb * tokens_vocab},
         {"activations": activations - log_softmax, "gathered_parameters": gathered,
          "loss_temporaries": upcast},
     ]
-    if step.fsdp and not step.shard_grad_op:
+    if step.fsdp and not step.keep_gathered:
         # The group that finished its forward last: a block's dense part (its experts, a
         # group of their own under expert parallelism, finished before it).
         prefetch = {"activations": activations - log_softmax,
@@ -308,8 +332,8 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
     g, c = step.groups, step.c
     saved = _block_activations(acts) + _model_terms(acts, before_blocks=True)
     recompute = acts.recompute_working_bytes
-    flowing = c * training.micro_batch * training.seq_len * model.hidden_size \
-        / degrees.context_parallel_degree
+    flowing = c * training.micro_batch * decoder_seq_len(model, training) \
+        * model.hidden_size / degrees.context_parallel_degree
     head_grads = (_PARAM_BYTES * g.head / degrees.hybrid_shard_degree) if step.gradients else 0.0
     if not step.fsdp:  # plain tensor parallelism: gradients in the parameters' own dtype
         # Mid-block: the MLP's weight gradients are written while its activations are still
@@ -324,7 +348,7 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
                        {"sharded_gradients": step.gradients}])
     block = c * g.block_total
     gathered = c * g.root + 2 * block
-    if step.shard_grad_op:
+    if step.keep_gathered:
         gathered = c * (g.root + g.embedding + g.num_blocks * g.block_total)
     head_reduce = REDUCE_BYTES * g.head
     block_reduce = REDUCE_BYTES * g.block_total

@@ -11,8 +11,10 @@ from rich.table import Table
 from meshtrain.plan.cluster import GIB
 from meshtrain.plan.layouts import LayoutEstimate, Plan, reasoning, tipping_term
 
-SCHEMA_VERSION = 2
-"""2: `memory_bytes.phases` and `memory_bytes.peak_phase` added (1 had the same other fields)."""
+SCHEMA_VERSION = 3
+"""2: `memory_bytes.phases` and `memory_bytes.peak_phase` added; 3: `degrees.reshard_after_forward`,
+the encoder-decoder fields of `model` and `training.decoder_seq_len` (every earlier field keeps
+its meaning)."""
 _STRATEGY_NAMES = {"full_shard": "zero3", "hybrid_shard": "zero3 (hybrid)",
                    "shard_grad_op": "zero2", "_hybrid_shard_zero2": "zero2 (hybrid)",
                    "no_shard": "ddp"}
@@ -43,6 +45,7 @@ def estimate_to_dict(estimate: LayoutEstimate, plan: Plan, rank: int) -> dict[st
             "context_parallel_degree": degrees.context_parallel_degree,
             "data_parallel_degree": degrees.data_parallel_degree,
             "sharding_strategy": degrees.sharding_strategy,
+            "reshard_after_forward": estimate.reshard_after_forward,
         },
         "fits": estimate.fits,
         "memory_bytes": _memory_dict(estimate),
@@ -88,6 +91,8 @@ def _activations_dict(estimate: LayoutEstimate) -> dict[str, Any]:
         "checkpoints_on_gpu": acts.num_checkpoints_on_gpu,
         "per_checkpoint": _int(acts.checkpoint_bytes),
         "model_terms": {k: _int(v) for k, v in acts.model_terms.items()},
+        "encoder_layers": acts.num_encoder_layers,
+        "per_encoder_layer": _int(acts.encoder_layer_bytes),
     }
 
 
@@ -112,6 +117,7 @@ def plan_to_dict(
             "num_key_value_heads": model.num_key_value_heads,
             "intermediate_size": model.intermediate_size, "vocab_size": model.vocab_size,
             "num_experts": model.num_experts, "experts_per_token": model.experts_per_token,
+            "num_decoder_layers": model.num_decoder_layers,
         },
         "cluster": {
             "instance_type": cluster.instance_type, "num_nodes": cluster.num_nodes,
@@ -125,6 +131,7 @@ def plan_to_dict(
             "fused_optimizer": training.fused_optimizer,
             "optimizer_offload": training.optimizer_offload,
             "compute_efficiency": training.compute_efficiency,
+            "decoder_seq_len": training.decoder_seq_len,
         },
         "model_state_bytes_per_gpu": plan.model_state_bytes_per_gpu,
         "num_candidates": len(plan.candidates),
@@ -148,6 +155,8 @@ def short_layout(estimate: LayoutEstimate) -> str:
     if d.context_parallel_degree > 1:
         parts.append(f"cp {d.context_parallel_degree}")
     parts.append(_STRATEGY_NAMES[d.sharding_strategy])
+    if p.reshard_after_forward != "auto":
+        parts.append("reshard" if p.reshard_after_forward else "no reshard")
     if p.activation_checkpointing:
         parts.append("ckpt+offload" if p.activation_offloading else "ckpt")
     if p.cpu_offload:
@@ -271,8 +280,8 @@ _REMEDIES = {
     "optimizer_step_buffer": "; torch.optim.AdamW(..., fused=True) needs none",
     "optimizer_states": "; more sharding (a larger hybrid_shard_degree) or cpu_offload reduce them",
     "sharded_parameters": "; more sharding or cpu_offload reduce them",
-    "gathered_parameters": "; the default sharding strategy (not shard_grad_op) or tensor "
-                           "parallelism reduce them",
+    "gathered_parameters": "; reshard_after_forward: true (the default sharding strategy, "
+                           "not shard_grad_op or no_shard) or tensor parallelism reduce them",
 }
 
 

@@ -1,5 +1,7 @@
-"""JSON Schema (draft 2020-12) of `meshtrain plan --json` output, schema_version 2 (2 added
-`memory_bytes.phases` and `memory_bytes.peak_phase`; every field of 1 keeps its meaning).
+"""JSON Schema (draft 2020-12) of `meshtrain plan --json` output, schema_version 3 (2 added
+`memory_bytes.phases` and `memory_bytes.peak_phase`; 3 added `degrees.reshard_after_forward`,
+the encoder-decoder fields of `model` and `training.decoder_seq_len`; every earlier field keeps
+its meaning).
 
 All byte counts are per GPU (per rank) and integers; communication bytes are what one GPU
 sends per optimizer step. docs/planner.md describes every field.
@@ -34,7 +36,8 @@ _CANDIDATE = _object({
         "world_size", "replicate_degree", "hybrid_shard_degree", "tensor_parallel_degree",
         "expert_parallel_degree", "context_parallel_degree", "data_parallel_degree")}
         | {"sharding_strategy": {"enum": ["full_shard", "hybrid_shard", "shard_grad_op",
-                                          "_hybrid_shard_zero2", "no_shard"]}}),
+                                          "_hybrid_shard_zero2", "no_shard"]},
+           "reshard_after_forward": {"type": "boolean"}}),
     "fits": {"type": ["boolean", "null"]},
     "memory_bytes": _object({
         "parameters": _BYTES, "gradients": _BYTES, "optimizer_states": _BYTES,
@@ -49,6 +52,7 @@ _CANDIDATE = _object({
         "per_layer": _BYTES, "per_layer_breakdown": _bytes_map(),
         "layers_stored_in_full": _INT, "layers_checkpointed": _INT,
         "checkpoints_on_gpu": _INT, "per_checkpoint": _BYTES, "model_terms": _bytes_map(),
+        "encoder_layers": _INT, "per_encoder_layer": _BYTES,
     }),
     "communication_bytes_per_step": _object({key: _BYTES for key in (
         "fsdp_all_gather", "fsdp_reduce_scatter", "data_parallel_all_reduce",
@@ -64,15 +68,15 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "meshtrain plan --json",
     **_object({
-        "schema_version": {"const": 2},
+        "schema_version": {"const": 3},
         "convention": {"enum": ["zero", "smp"]},
         "model": _object({
             "name": {"type": "string"}, "source": {"type": "string"},
-            "family": {"enum": ["llama", "mixtral", "gpt_neox", "gpt"]},
+            "family": {"enum": ["llama", "mixtral", "gpt_neox", "gpt", "t5"]},
             **{key: _INT for key in (
                 "num_params", "hidden_size", "num_layers", "num_attention_heads",
                 "num_key_value_heads", "intermediate_size", "vocab_size", "num_experts",
-                "experts_per_token")},
+                "experts_per_token", "num_decoder_layers")},
         }),
         "cluster": _object({
             "instance_type": {"type": ["string", "null"]}, "num_nodes": _INT,
@@ -83,7 +87,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
             "seq_len": _INT, "micro_batch": _INT, "precision": {"enum": ["bf16", "fp16", "fp32"]},
             "optimizer": {"type": "string"}, "fused_optimizer": {"type": "boolean"},
             "optimizer_offload": {"type": "boolean"},
-            "compute_efficiency": _NUM,
+            "compute_efficiency": _NUM, "decoder_seq_len": {"type": ["integer", "null"]},
         }),
         "model_state_bytes_per_gpu": _object({
             "data_parallel_degree": _INT, "ddp": _BYTES, "zero1": _BYTES, "zero2": _BYTES,

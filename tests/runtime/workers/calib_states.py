@@ -4,7 +4,9 @@ Runs inside calib_launch.py's launch and loops over layouts (``mr.init`` -> buil
 -> ``mr.reset`` each). Every rank reports, per case, the bytes of the distinct storages behind
 its parameters, gradients and AdamW moments, and the collectives of its forward and backward.
 4 ranks: full shard, full shard in bf16 mixed precision, hybrid 2x2, tp 2 x shard 2, and ep 2
-on a tiny Mixtral (shard 4 = shard_mod_ep 2 x ep 2). 2 ranks: full shard and tp 2 alone.
+on a tiny Mixtral (shard 4 = shard_mod_ep 2 x ep 2). 2 ranks: full shard, tp 2 alone, and full
+shard with ``reshard_after_forward: false`` (groups keep their gathered parameters until
+backward).
 tests/runtime/test_plan_calibration_multiprocess.py compares them with the planner.
 """
 
@@ -35,6 +37,7 @@ CASES: dict[int, dict[str, tuple[dict[str, Any], Callable[[], Any]]]] = {
     2: {
         "full_shard_2": ({}, llama_config),
         "tp2": ({"tensor_parallel_degree": 2}, llama_config),
+        "full_shard_2_keep": ({"reshard_after_forward": False}, llama_config),
     },
     4: {
         "full_shard_4": ({}, llama_config),

@@ -1,0 +1,96 @@
+"""`reshard_after_forward` in the planner: unsharded parameters kept between forward and backward.
+
+Hand-computed for Llama-2-7B cut to 4 blocks (hidden 4096, intermediate 11008, vocabulary
+32000): one block is 4 x 4096^2 (attention) + 3 x 4096 x 11008 (SwiGLU) + 2 x 4096 (norms)
+= 202,383,360 parameters, the input embedding and the head 32000 x 4096 = 131,072,000 each, the
+root (final norm) 4096.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshtrain.contract import SMPParameters, resolve_degrees
+from meshtrain.plan import PRESETS, Training, build_cluster, estimate_layout, plan_layouts
+from meshtrain.plan.cli import plan_main
+from meshtrain.plan.comm import communication_volumes
+
+BLOCK, EMBEDDING, ROOT = 202_383_360, 131_072_000, 4096
+MODEL = PRESETS["llama2-7b"].model_copy(update={"num_layers": 4})
+BF16 = Training(seq_len=1024, precision="bf16")
+
+
+def _phases(gpus: int, **parameters) -> dict:
+    cluster = build_cluster(gpus=gpus, gpu_memory_gib=80)
+    estimate = estimate_layout(MODEL, SMPParameters(**parameters), cluster, BF16)
+    return {p.name: p.terms for p in estimate.memory.phases}
+
+
+def test_hand_computed_block_size():
+    assert MODEL.num_params == 4 * BLOCK + 2 * EMBEDDING + ROOT
+
+
+def test_no_shard_on_one_gpu_keeps_every_group_gathered_unless_told():
+    """One GPU resolves to no_shard: by default (reshard_after_forward False) the forward ends
+    with the root, the embedding, every block and the running block's flat all-gather buffer
+    gathered (bf16); with reshard_after_forward=True only the root and the running block with
+    its buffer (issue 20's trade-off)."""
+    keep = _phases(1)
+    free = _phases(1, reshard_after_forward=True)
+    assert keep["forward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK + BLOCK)
+    assert free["forward"]["gathered_parameters"] == 2 * (ROOT + 2 * BLOCK)
+    assert _phases(1, reshard_after_forward=False) == keep
+    # Everything else in forward is the same: activations and states do not depend on it.
+    for term in ("activations", "sharded_parameters", "optimizer_states"):
+        assert keep["forward"][term] == free["forward"][term]
+    # The first block in backward: every group still gathered vs the block and the next one.
+    assert keep["backward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK)
+    assert free["backward"]["gathered_parameters"] == 2 * (ROOT + 2 * BLOCK)
+
+
+def test_full_shard_without_reshard_is_shard_grad_op():
+    """reshard_after_forward=False on full_shard is ZeRO-2's memory and traffic: the same
+    phases and communication as sharding_strategy='shard_grad_op'; True on shard_grad_op is
+    full_shard's."""
+    assert _phases(8, reshard_after_forward=False) == _phases(8, sharding_strategy="shard_grad_op")
+    assert _phases(8, sharding_strategy="shard_grad_op", reshard_after_forward=True) == _phases(8)
+
+
+def test_all_gathers_once_when_kept_gathered():
+    """8-way full shard, bf16: blocks and the embedding are gathered twice (forward and
+    backward) when they reshard, once when kept; the head and root always once. Ring volume
+    7/8 of the (8-row padded) gathered bytes: every dimension here divides by 8."""
+    degrees = resolve_degrees(SMPParameters(), 8)
+    twice = communication_volumes(MODEL, degrees, BF16).fsdp_all_gather
+    once = communication_volumes(MODEL, degrees, BF16,
+                                 reshard_after_forward=False).fsdp_all_gather
+    assert once == pytest.approx(7 / 8 * 2 * (4 * BLOCK + 2 * EMBEDDING + ROOT))
+    assert twice - once == pytest.approx(7 / 8 * 2 * (4 * BLOCK + EMBEDDING))
+
+
+def test_candidates_offer_no_shard_both_ways_and_the_flag_fixes_it():
+    plan = plan_layouts(MODEL, build_cluster(gpus=1, gpu_memory_gib=80), BF16)
+    settings = sorted(c.reshard_after_forward for c in plan.candidates)
+    assert settings.count(True) == settings.count(False) == len(plan.candidates) // 2
+    kept = plan_layouts(MODEL, build_cluster(gpus=8, gpu_memory_gib=80), BF16, reshard=False)
+    assert kept.candidates and not any(c.reshard_after_forward for c in kept.candidates)
+
+
+def test_cli_and_json_carry_it(capsys):
+    argv = ["--model", "llama2-7b", "--gpus", "1", "--seq-len", "1024", "--top", "0", "--json"]
+    assert plan_main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    flags = {(c["layout"].get("reshard_after_forward", "auto"),
+              c["degrees"]["reshard_after_forward"]) for c in data["candidates"]}
+    assert flags == {("auto", False), (True, True)}
+    resharded = next(c for c in data["candidates"] if c["degrees"]["reshard_after_forward"])
+    params = resharded["distribution"]["smdistributed"]["modelparallel"]["parameters"]
+    assert params["reshard_after_forward"] is True
+    assert plan_main([*argv, "--reshard-after-forward", "false"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert not any(c["degrees"]["reshard_after_forward"] for c in data["candidates"])
+    assert plan_main(["--model", "llama2-7b", "--gpus", "1", "--seq-len", "1024",
+                      "--reshard-after-forward", "true", "--top", "2"]) == 0
+    assert "ddp | reshard" in capsys.readouterr().out
