@@ -427,7 +427,7 @@ def parse_args():  # pylint: disable=too-many-statements
         "--distributed_backend",
         type=str,
         default="smddp",
-        choices=["smddp", "nccl"],
+        choices=["smddp", "nccl", "gloo"],  # meshtrain CPU edit E7: gloo for CPU hosts
         help="Distributed backend to use for collectives",
     )
     parser.add_argument("--nccl_test_log", type=str, default="")

@@ -13,8 +13,11 @@ import torch.distributed as dist
 import torch.sagemaker as tsm
 import torch.utils.data
 
-import transformer_engine
-from transformer_engine.common.recipe import Format, DelayedScaling
+try:  # meshtrain CPU edit E1: Transformer Engine is CUDA-only (used only with fp8=1)
+    import transformer_engine
+    from transformer_engine.common.recipe import Format, DelayedScaling
+except ImportError:
+    transformer_engine = None
 
 import transformers
 from accelerate import init_empty_weights
@@ -148,7 +151,7 @@ def train_step(  # pylint: disable=too-many-arguments,too-many-branches,too-many
     args, display_step: int, batch_idx: int, nvtx_warmup_iters,
     data_pipeline, input_data, model, optimizer, lr_scheduler, writers, fp8_recipe
 ):
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         torch.cuda.nvtx.range_push(f"iteration{batch_idx}")
 
     input_ids, _, labels = data_pipeline.get_batch(input_data)
@@ -165,10 +168,11 @@ def train_step(  # pylint: disable=too-many-arguments,too-many-branches,too-many
 
     optimizer.zero_grad(set_to_none=True)
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():  # meshtrain CPU edit E3
+        torch.cuda.synchronize()
     step_start = time.time()
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         torch.cuda.nvtx.range_push("forward")
 
     # uses default causal mask
@@ -178,7 +182,7 @@ def train_step(  # pylint: disable=too-many-arguments,too-many-branches,too-many
     else:
         loss = model(input_ids=input_ids, attention_mask=None, labels=labels)["loss"]
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         # for forward
         torch.cuda.nvtx.range_pop()
 
@@ -186,12 +190,12 @@ def train_step(  # pylint: disable=too-many-arguments,too-many-branches,too-many
         memory_status_cpu("After forward", writers=writers, step=display_step)
         memory_status(tag="After forward", writers=writers, step=display_step)
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         torch.cuda.nvtx.range_push("backward")
 
     loss.backward()
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         # for backward
         torch.cuda.nvtx.range_pop()
 
@@ -199,14 +203,14 @@ def train_step(  # pylint: disable=too-many-arguments,too-many-branches,too-many
         memory_status_cpu("After train step", writers=writers, step=display_step)
         memory_status(tag="After train step", writers=writers, step=display_step)
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         torch.cuda.nvtx.range_push("opt_step")
 
     grad_norm = clip_grad_norm_(model, args.grad_clip)
     optimizer.step()
     lr_scheduler.step()
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         # for opt step
         torch.cuda.nvtx.range_pop()
 
@@ -214,11 +218,12 @@ def train_step(  # pylint: disable=too-many-arguments,too-many-branches,too-many
         # empty the cache to avoid OOM
         torch.cuda.empty_cache()
 
-    if batch_idx >= nvtx_warmup_iters:
+    if batch_idx >= nvtx_warmup_iters and torch.cuda.is_available():  # meshtrain CPU edit E2
         # for step
         torch.cuda.nvtx.range_pop()
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():  # meshtrain CPU edit E3
+        torch.cuda.synchronize()
     step_time = time.time() - step_start
 
     if args.enable_memory_profiling > 0 and batch_idx < 5:
@@ -470,7 +475,7 @@ def main(args):
 
     dist.init_process_group(args.distributed_backend, timeout=datetime.timedelta(seconds=7200))
     global_rank = dist.get_rank()
-    device = global_rank % torch.cuda.device_count()
+    device = global_rank % torch.cuda.device_count() if torch.cuda.is_available() else None  # meshtrain CPU edit E4
     world_size = dist.get_world_size()
     # Reset all SMP related args if use_smp_implementation=0
     if args.use_smp_implementation == 0:
@@ -642,7 +647,8 @@ def main(args):
             size_based_auto_wrap_policy,
         )
 
-    torch.cuda.set_device(device)
+    if torch.cuda.is_available():  # meshtrain CPU edit E5
+        torch.cuda.set_device(device)
     if args.bf16:
         # buffer set to fp32 as some models in HF such as llama hard code buffers to fp32
         # to be similar with that we set this to fp32
@@ -672,7 +678,7 @@ def main(args):
             backward_prefetch=get_backward_fetch_policy(args.backward_fetch_policy),
             forward_prefetch=args.forward_prefetch,
             limit_all_gathers=args.limit_all_gathers,
-            device_id=torch.cuda.current_device(),
+            device_id=torch.cuda.current_device() if torch.cuda.is_available() else None,  # meshtrain CPU edit E6
             use_orig_params=args.use_orig_params > 0,
             param_init_fn=delayed_param_initer.get_param_init_fn()
             if delayed_param_initer

@@ -159,7 +159,7 @@ def create_model(args, model_config, dtype, pretrained_model_weights=None):
         if pversion.parse(transformers.__version__) < pversion.parse("4.37.1"):
             model = AutoModelForCausalLM.from_config(model_config)
         else:
-            model = AutoModelForCausalLM.from_config(model_config, attn_implementation="flash_attention_2")
+            model = AutoModelForCausalLM.from_config(model_config, attn_implementation="flash_attention_2" if torch.cuda.is_available() else "sdpa")  # meshtrain CPU edit E8
 
     if pversion.parse(transformers.__version__) >= pversion.parse("4.37.1"):
         args.use_smp_flash_attn = 0

@@ -1,7 +1,6 @@
 from data.pipelines.data_pipeline import DataPipeline
 from data.pipelines.dummy_data_pipeline import DummyDataPipeline
 from data.pipelines.gpt_data_pipeline import GPTDataPipeline
-from data.pipelines.hf_data_pipeline import HFDataPipeline
 
 
 def create_data_pipeline(
@@ -31,6 +30,8 @@ def create_data_pipeline(
             dp_size=dp_size,
         )
     elif args.dataset_type == "hf":
+        from data.pipelines.hf_data_pipeline import HFDataPipeline  # meshtrain edit E9: imports `datasets`
+
         data_pipeline = HFDataPipeline(
             dataset_train_path=args.training_dir,
             train_batch_size=args.train_batch_size,
