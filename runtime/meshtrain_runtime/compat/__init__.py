@@ -65,19 +65,29 @@ _FINDER = _AliasFinder()
 def install_torch_sagemaker() -> ModuleType:
     """Make ``import torch.sagemaker`` (and its submodules) load meshtrain's SMP v2 surface.
 
-    Call it once before the script's ``import torch.sagemaker``; idempotent. Returns the module.
+    Like SMP's images (which ship a patched torch), it also gives torch's distributed-checkpoint
+    functions SMP's conventions (global coordinator ranks, one checkpoint per tp rank, the
+    optimizer loader's ``process_group``): see ``compat.smp._torch_dcp``. Call it once before
+    the script's ``import torch.sagemaker``; idempotent. Returns the module.
     """
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     module = importlib.import_module(ALIAS)
     import torch
 
+    from meshtrain_runtime.compat.smp import _torch_dcp
+
+    _torch_dcp.install()
+
     torch.sagemaker = module  # `import torch.sagemaker as tsm` reads the attribute
     return module
 
 
 def uninstall_torch_sagemaker() -> None:
-    """Remove the alias (the compat modules stay imported under their own names)."""
+    """Remove the alias and give torch its own checkpoint functions back (the compat modules
+    stay imported under their own names)."""
+    if "meshtrain_runtime.compat.smp._torch_dcp" in sys.modules:
+        sys.modules["meshtrain_runtime.compat.smp._torch_dcp"].remove()
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     for name in [n for n in sys.modules if n == ALIAS or n.startswith(ALIAS + ".")]:

@@ -41,6 +41,16 @@ def test_training_matches_one_process(records, layout):
         assert record["losses"] == pytest.approx(expected, abs=TOLERANCE)
 
 
+@pytest.mark.parametrize("layout", ["hybrid2", "tp2"])
+def test_clip_grad_norm_matches_one_process(records, layout):
+    """tsm.grad_norm.clip_grad_norm_ returns the one-process total norm (FSDP1 + TP: tp-split
+    gradients summed over tp, norm weights counted once); every step is clipped."""
+    expected = cases(records, "reference")[0]["norms"]
+    assert len(expected) == 3 and min(expected) > 1.0  # above MAX_NORM = 0.5
+    for record in cases(records, layout):
+        assert record["norms"] == pytest.approx(expected, abs=TOLERANCE)
+
+
 def test_fsdp2_fully_shard_without_mesh_uses_smp_group(records):
     expected = reference(records)
     for record in cases(records, "fsdp2_hybrid2"):

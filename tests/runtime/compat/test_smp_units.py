@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -75,6 +76,41 @@ def test_install_makes_submodules_importable_and_uninstall_removes_them():
     assert not is_installed() and "torch.sagemaker" not in sys.modules
     with pytest.raises(ModuleNotFoundError):
         import torch.sagemaker  # noqa: F401
+
+
+def test_alias_gives_torch_checkpoint_functions_smp_conventions_and_takes_them_back():
+    """SMP's images ship a patched torch: AWS's scripts import these names from torch."""
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.optimizer as dcp_optimizer
+
+    from meshtrain_runtime.compat import install_torch_sagemaker, uninstall_torch_sagemaker
+
+    originals = (dcp.save_state_dict, dcp.load_state_dict,
+                 dcp_optimizer.load_sharded_optimizer_state_dict)
+    install_torch_sagemaker()
+    try:
+        from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+
+        assert "process_group" in inspect.signature(load_sharded_optimizer_state_dict).parameters
+        assert dcp.save_state_dict is not originals[0]
+        assert dcp.load_state_dict is not originals[1]
+    finally:
+        uninstall_torch_sagemaker()
+    assert (dcp.save_state_dict, dcp.load_state_dict,
+            dcp_optimizer.load_sharded_optimizer_state_dict) == originals
+
+
+def test_smp_coordinator_is_a_global_rank_mapped_into_the_group(monkeypatch):
+    import torch.distributed as dist
+
+    from meshtrain_runtime.compat.smp._torch_dcp import smp_coordinator
+
+    assert smp_coordinator(None, 3) == 3  # no group: torch's meaning
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [2, 3])
+    assert smp_coordinator(object(), 2) == 0  # AWS's min(get_global_ranks(group))
+    assert smp_coordinator(object(), 3) == 1
+    assert smp_coordinator(object(), 1) == 1  # not a member: an index in the group, as in torch
 
 
 def test_moe_config_sinkhorn_default_is_refused_with_the_supported_values():

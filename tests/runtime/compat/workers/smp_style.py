@@ -42,11 +42,14 @@ from torch.sagemaker.distributed.checkpoint.state_dict_utils import (  # noqa: E
     init_optim_state,
     sm_state_dict_type,
 )
+from torch.sagemaker.grad_norm import clip_grad_norm_  # noqa: E402
 from torch.sagemaker.tensor_parallel.transformer import TransformerLayer  # noqa: E402
 from torch.sagemaker.utils.process_group_utils import get_global_ranks  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 BATCH, SEQ, VOCAB, STEPS = 4, 8, 64, 3
+MAX_NORM = 0.5  # below the gradient norms here (about 1.7-2.0), so every step is clipped
+NORMS: list[float] = []  # total gradient norms clip_grad_norm_ returned, step by step
 SAVE_AFTER = 2
 
 
@@ -63,6 +66,7 @@ def batch(step: int) -> torch.Tensor:
 
 
 def reference_losses() -> list[float]:
+    NORMS.clear()
     model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
@@ -70,6 +74,7 @@ def reference_losses() -> list[float]:
         ids = batch(step)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
+        NORMS.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -96,6 +101,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: i
     ids = batch(step)[dp_rank * per_rank:(dp_rank + 1) * per_rank]
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
+    # as AWS's train_step; with FSDP1 + TP the split gradients are summed over tp, not the others
+    NORMS.append(float(clip_grad_norm_(model, MAX_NORM)))
     optimizer.step()
     optimizer.zero_grad()
     detached = loss.detach()
@@ -243,6 +250,7 @@ def fsdp2_without_mesh(params: dict) -> dict:
 
 
 def run_layout(params: dict, roots: dict[str, str]) -> list[float]:
+    NORMS.clear()
     model, optimizer = wrapped_model(params)
     losses = []
     for step in range(STEPS):
@@ -273,9 +281,9 @@ def main() -> None:
         {**tp2, "random_seed": 7, "sm_activation_offloading": False})})
     report({"case": "state_hybrid2_x2", **state_fields(hybrid)})
     report({"case": "estimator_wins", **estimator_wins()})
-    report({"case": "reference", "losses": reference_losses()})
-    report({"case": "hybrid2", "losses": run_layout(hybrid, roots["hybrid"])})
-    report({"case": "tp2", "losses": run_layout(tp2, roots["tp"])})
+    report({"case": "reference", "losses": reference_losses(), "norms": list(NORMS)})
+    report({"case": "hybrid2", "losses": run_layout(hybrid, roots["hybrid"]), "norms": list(NORMS)})
+    report({"case": "tp2", "losses": run_layout(tp2, roots["tp"]), "norms": list(NORMS)})
     report({"case": "fsdp2_hybrid2", **fsdp2_without_mesh(hybrid)})
     # sharded resume on another layout: saved on 2 replicas x 2 shards, resumed sharded over 4
     report({"case": "resume_sharded_hybrid_to_full4",

@@ -1,0 +1,113 @@
+"""AWS's public SMP v2 example scripts (aws_smp_v2/, see its EDITS.md) run through the Estimator.
+
+As in AWS's notebooks: `train.py` from their shared-scripts folder, the distribution enabling
+``smdistributed.modelparallel`` with the notebooks' parameters, their hyperparameters (a tiny
+Llama v2: 2 layers, hidden 32, vocab 64, 16 tokens; synthetic data; gloo), 2 local hosts x 2
+processes. Each layout trains 4 steps saving SMP's sharded checkpoints every 2 steps, then a
+second job resumes from the 2-step checkpoint, as the notebooks' "Resume training" cell does.
+
+What shows the resumed job loaded the checkpoint: its log says so (model, then optimizer), its
+first step is step 2 with the learning rate the first job had at step 2 (the scheduler's state),
+and its first loss, on the same synthetic batch as the first job's step 0 (the scripts reseed
+their data before training), is below that step-0 loss: the loaded weights were trained on that
+batch, while fresh weights would repeat the step-0 loss exactly (the run is deterministic).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator
+
+SCRIPTS = Path(__file__).parent / "aws_smp_v2"
+STEP = re.compile(
+    r"\[algo-1 rank 0\] .*Batch (\d+) Loss: (\S+), .* lr: ([\d.]+), gradnorm: ([\d.]+)"
+)
+pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
+
+MODEL = {  # the notebooks' model_configs entry, at toy size
+    "hidden_width": 32, "llama_intermediate_size": 64, "max_context_width": 16,
+    "num_heads": 4, "num_layers": 2, "vocab_size": 64,
+}
+
+
+def hyperparameters(checkpoint_dir: Path, resume: Path | None) -> dict:
+    """The notebooks' hyperparameters; toy sizes, synthetic data, gloo, a short lr schedule."""
+    hps = {
+        "activation_checkpointing": 1, "auto_wrap_policy": "transformer_auto_wrap_policy",
+        "backward_fetch_policy": "backward_pre", "beta1": 0.9, "beta2": 0.95, "bf16": 1,
+        "checkpoint_dir": str(checkpoint_dir), "checkpoint_freq": 2, "clean_cache": 0,
+        "delayed_param": 1, "enable_memory_profiling": 0, "epochs": 100, "fast_validation": 0,
+        "forward_prefetch": 1, "fp8": 0, "limit_all_gathers": 1, "logging_freq": 1,
+        "lr": 0.01, "lr_decay_iters": 8, "lr_decay_style": "cosine", "max_steps": 4,
+        "min_lr": 1e-05, "model_type": "llama_v2", "num_kept_checkpoints": 2, "plateau": 0.0,
+        "seed": 12345, "sharding_strategy": "hybrid_shard", "train_batch_size": 2,
+        "use_smp_flash_attn": 1, "use_smp_implementation": 1, "val_batch_size": 2,
+        "validation_freq": 2, "warmup": 0.0, "weight_decay": 0.2, "zipped_data": 0,
+        "use_synthetic_data": 1, "distributed_backend": "gloo", **MODEL,
+    }
+    if resume is not None:
+        hps["resume_from_checkpoint"] = str(resume)
+    return hps
+
+
+def run_job(home: Path, tp: int, checkpoint_dir: Path, resume: Path | None = None) -> str:
+    """One job on 2 hosts x 2 processes; returns its merged log."""
+    estimator = Estimator(
+        entry_point="train.py", source_dir=str(SCRIPTS), instance_type="local",
+        instance_count=2, hyperparameters=hyperparameters(checkpoint_dir, resume),
+        distribution={
+            "torch_distributed": {"enabled": True, "processes_per_host": 2},
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+                "activation_loading_horizon": 2, "context_parallel_degree": 1,
+                "hybrid_shard_degree": 2, "sm_activation_offloading": False,
+                "tensor_parallel_degree": tp,
+            }}},
+        },
+    )
+    estimator.fit(logs=False)
+    return (home / "jobs" / estimator.latest_training_job.job_name / "job.log").read_text()
+
+
+def steps(log: str) -> dict[int, tuple[float, float, float]]:
+    """step -> (loss, lr, grad norm) from rank 0's `Batch N Loss: ...` lines."""
+    return {int(step): (float(loss), float(lr), float(norm))
+            for step, loss, lr, norm in STEP.findall(log)}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return tmp_path / "home"
+
+
+@pytest.mark.parametrize(("tp", "folders"), [
+    (2, ["tp2-0", "tp2-1"]),  # tp=2 x hybrid 2: SMP writes one checkpoint folder per tp rank
+    (1, []),                  # hybrid 2 alone: 2 replicas x 2 shards, one folder
+])
+def test_aws_scripts_train_save_and_resume(home, tmp_path, tp, folders):
+    checkpoints = tmp_path / "checkpoints"
+    first = steps(run_job(home, tp, checkpoints))
+    assert sorted(first) == [0, 1, 2, 3], first
+    for step in (2, 4):
+        saved = checkpoints / f"llama_v2-{step}steps"
+        for folder in [saved / f for f in folders] or [saved]:
+            assert (folder / ".metadata").is_file(), sorted(p.name for p in saved.iterdir())
+            assert len(list(folder.glob("*.distcp"))) == 2  # the 2 ranks of the FSDP group
+        assert sorted(p.name for p in saved.iterdir()) == (folders or sorted(
+            p.name for p in saved.iterdir() if p.name == ".metadata" or p.suffix == ".distcp"))
+
+    log = run_job(home, tp, checkpoints, resume=checkpoints / "llama_v2-2steps")
+    resumed = steps(log)
+    assert "Loaded model state from disk" in log
+    assert "Loaded and sharded optimizer state from disk" in log
+    assert "Loaded state from disk: epoch 0, start_train_path_index 0" in log
+    assert sorted(resumed) == [2, 3], resumed  # total_steps came back from the checkpoint
+    assert resumed[2][1] == first[2][1] != first[0][1]  # the lr schedule continues
+    # The same batch as the first job's step 0 (the data is reseeded before training), with the
+    # weights of step 2, which were trained on it: a lower loss (fresh weights would repeat it).
+    assert resumed[2][0] < first[0][0] - 0.05, (resumed, first)
