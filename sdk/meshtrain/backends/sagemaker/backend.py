@@ -138,7 +138,7 @@ class SageMakerBackend:
         # output_path's bucket or code_location, and the default bucket is never touched.
         bucket = self.ensure_default_bucket() if spec.output_path is None else ""
         output_path = spec.output_path or default_output_path(bucket)
-        image = resolve_image_uri(spec.image_uri)
+        image = resolve_image_uri(spec, region)
         code_uri = code_uri_for(spec, self.options, bucket)
         derived = bool(bucket) and self.options.default_bucket is None
         owner = self.account_id() if derived and code_uri.startswith(f"s3://{bucket}/") else None
