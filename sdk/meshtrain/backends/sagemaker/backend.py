@@ -34,6 +34,11 @@ from meshtrain.backends.sagemaker.request import (
     code_uri_for,
     default_output_path,
 )
+from meshtrain.backends.sagemaker.shipping import (
+    requirements_with_runtime,
+    ships_runtime,
+    stage_runtime,
+)
 from meshtrain.backends.sagemaker.spec import spec_from_description
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.errors import ConfigError
@@ -198,8 +203,12 @@ class SageMakerBackend:
             extra["ExpectedBucketOwner"] = context.code_bucket_owner
         with tempfile.TemporaryDirectory(prefix="meshtrain-source-") as scratch:
             tarball = Path(scratch) / "sourcedir.tar.gz"
-            members = write_sourcedir_tarball(Path(spec.source_dir), tarball,
-                                              [Path(d) for d in spec.dependencies])
+            dependencies, replace = [Path(d) for d in spec.dependencies], {}
+            if ships_runtime(spec, context.image_uri):
+                dependencies += stage_runtime(Path(scratch) / "runtime")
+                replace = requirements_with_runtime(spec)
+            members = write_sourcedir_tarball(Path(spec.source_dir), tarball, dependencies,
+                                              replace)
             self.client("s3").put_object(Bucket=bucket, Key=key, Body=tarball.read_bytes(),
                                          **extra)
         return members

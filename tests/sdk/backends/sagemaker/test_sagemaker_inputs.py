@@ -8,6 +8,8 @@ image (SMP v2's with an SMP distribution) from the packaged table.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sagemaker_moto import REGION, ROLE
 
@@ -143,3 +145,35 @@ def test_unknown_versions_fail_before_any_request(aws, source, extra, message):
     with pytest.raises(ConfigError, match=message):
         estimator(source, **extra).fit(job_name="bad", wait=False)
     assert aws.operations() == []
+
+
+def uploaded_members(job_name: str) -> dict[str, bytes]:
+    import io
+    import tarfile
+
+    import boto3
+
+    from meshtrain.backends.sagemaker.checks import parse_s3_uri
+
+    description = boto3.client("sagemaker").describe_training_job(TrainingJobName=job_name)
+    uri = json.loads(description["HyperParameters"]["sagemaker_submit_directory"])
+    bucket, key = parse_s3_uri(uri, "code")
+    body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_runtime_ships_with_the_code_for_aws_images_only(aws, source):
+    estimator(source).fit(job_name="aws-image", wait=False)
+    members = uploaded_members("aws-image")
+    assert "meshtrain_runtime/__init__.py" in members
+    assert "meshtrain/contract/jobspec.py" in members and "meshtrain/__init__.py" in members
+    assert not any(name.startswith("meshtrain/backends") for name in members)
+    assert members["requirements.txt"] == b"numpy\n# meshtrain runtime\npydantic>=2.6\n"
+    assert (source / "requirements.txt").read_text() == "numpy\n"  # the user's file unchanged
+    Estimator("train.py", source_dir=str(source), role=ROLE, instance_type="ml.g5.2xlarge",
+              image_uri="111122223333.dkr.ecr.us-west-2.amazonaws.com/meshtrain:0.1.0").fit(
+        job_name="own-image", wait=False)
+    members = uploaded_members("own-image")
+    assert not any(name.startswith("meshtrain") for name in members)
+    assert members["requirements.txt"] == b"numpy\n"
