@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,7 @@ def check_backend_options(
                           f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local), "
                           "the SageMaker SDK's session options (ml.* types), namespace, "
                           "kube_context, kubeconfig, kind, code_in_image (k8s:* types).")
+    options = _drop_sagemaker_options_locally(target, options)
     foreign = sorted(set(options) - target.options)
     if foreign:
         owners = sorted({kind.title for kind in TARGET_KINDS if set(foreign) & kind.options()})
@@ -189,6 +191,19 @@ def check_backend_options(
             raise ConfigError(f"jobs_dir must be a directory path, got {jobs_dir!r}.")
         check_writable_path("jobs_dir", str(jobs_dir))
     return dict(options)
+
+
+def _drop_sagemaker_options_locally(target: Target, options: dict[str, Any]) -> dict[str, Any]:
+    """A SageMaker notebook run with instance_type="local": its SageMaker-only arguments
+    (sagemaker_session, subnets, debugger_hook_config, ...) are dropped with one note."""
+    if not target.on_this_machine:
+        return options
+    sagemaker = next(kind for kind in TARGET_KINDS if kind.name == "sagemaker").options()
+    ignored = sorted(set(options) & (sagemaker - target.options))
+    if ignored:
+        print(f"meshtrain: local jobs ignore the SageMaker-only argument(s) {', '.join(ignored)}.",
+              file=sys.stderr)
+    return {name: value for name, value in options.items() if name not in ignored}
 
 
 def inline_parameters(distribution: Any, config: DistributionConfig) -> Any:

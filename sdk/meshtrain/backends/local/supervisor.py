@@ -24,9 +24,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from meshtrain.backends.local.artifacts import package_artifacts
+from meshtrain.backends.local.artifacts import output_location, package_artifacts
 from meshtrain.backends.local.layout import JobDirectory
 from meshtrain.backends.local.processes import kill_job_processes, terminate_groups
+from meshtrain.backends.local.s3_staging import checkpoint_dirs, upload_results
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
     HOST_RECORD,
@@ -36,6 +37,7 @@ from meshtrain.contract.failures import (
     read_host_record,
 )
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.targets import local_gpu_count
 
 STOP_GRACE_SECONDS = 10.0
 # After the first host fails, the others get this long to fail on their own and record why
@@ -67,6 +69,7 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
         names.TRAINING_JOB_NAME: spec.job_name,
         "PYTHONUNBUFFERED": "1",
     })
+    env.setdefault(names.MESHTRAIN_NUM_GPUS, str(local_gpu_count()))  # as the client counted
     if spec.checkpoint_local_path:
         env[names.SM_CHECKPOINT_DIR] = spec.checkpoint_local_path
     return env
@@ -227,7 +230,9 @@ class Supervisor:
         if status == "Failed" and reason is None:
             reason = self.failure_reason()
         self.job_dir.add_transition("Uploading", "Uploading generated training model")
-        packing_error = package_artifacts(self.spec, self.job_dir)
+        packing_error = package_artifacts(self.spec, self.job_dir) or upload_results(
+            self.job_dir.root, self.spec.job_name, output_location(self.spec, self.job_dir),
+            checkpoint_dirs(self.spec, self.job_dir))
         if packing_error:
             status = "Failed" if status == "Completed" else status
             reason = f"{reason}\n{packing_error}" if reason else packing_error

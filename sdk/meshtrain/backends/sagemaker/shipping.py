@@ -13,10 +13,12 @@ installs before it starts the script.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
 import meshtrain
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
 
 AWS_REPOSITORIES = ("/pytorch-training:", "/smdistributed-modelparallel:")
@@ -35,15 +37,17 @@ def ships_runtime(spec: JobSpec, image_uri: str) -> bool:
 def stage_runtime(scratch: Path) -> list[Path]:
     """Copies of `meshtrain/{__init__.py,contract}` and `meshtrain_runtime` under `scratch`,
     as dependency directories for write_sourcedir_tarball (each lands under its own name)."""
-    import meshtrain_runtime
-
+    runtime = importlib.util.find_spec("meshtrain_runtime")  # located, not imported (torch)
+    if runtime is None or runtime.origin is None:
+        raise ConfigError("meshtrain_runtime is not installed next to meshtrain, so it cannot be "
+                          "shipped to the AWS image: reinstall meshtrain, or pass image_uri.")
     client = Path(meshtrain.__file__).parent
     shipped = scratch / "meshtrain"
     shipped.mkdir(parents=True)
     shutil.copy2(client / "__init__.py", shipped / "__init__.py")
     shutil.copytree(client / "contract", shipped / "contract",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return [shipped, Path(meshtrain_runtime.__file__).parent]
+    return [shipped, Path(runtime.origin).parent]
 
 
 def requirements_with_runtime(spec: JobSpec) -> dict[str, bytes]:
