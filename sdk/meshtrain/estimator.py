@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from meshtrain.backends import Backend
+from meshtrain.channels import check_channel_modes
 from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
@@ -43,11 +44,12 @@ SHARED_FIELDS = (
     "entry_point", "source_dir", "dependencies", "hyperparameters", "instance_type",
     "instance_count", "output_path", "checkpoint_s3_uri", "checkpoint_local_path", "environment",
     "max_run", "max_wait", "use_spot_instances", "volume_size", "input_mode", "image_uri", "role",
-    "tags", "metric_definitions", "container_log_level",
+    "tags", "metric_definitions", "container_log_level", "framework_version", "py_version",
 )
 """JobSpec fields the Estimator takes and keeps under the same name: build_spec() and
 from_spec() are derived from this one list (tests/sdk/test_estimator_fields.py)."""
-SPEC_ONLY_FIELDS = ("job_name", "distribution", "inputs", "input_content_types", "region")
+SPEC_ONLY_FIELDS = ("job_name", "distribution", "inputs", "input_content_types", "input_configs",
+                    "region")
 """JobSpec fields set another way: at fit(), from the validated distribution, by the backend."""
 
 
@@ -149,12 +151,14 @@ class Estimator:
 
     def build_spec(self, inputs: Any = None, job_name: str | None = None) -> JobSpec:
         """The JobSpec `fit()` would submit; validates everything, starts nothing."""
-        channels, content_types = check_inputs(inputs)
+        channels, content_types, configs = check_inputs(inputs)
+        check_channel_modes(configs, self.input_mode)
         if job_name is not None:
             name = check_job_name(job_name)
         else:
             name = name_from_base(self.base_job_name or DEFAULT_BASE_JOB_NAME)
-        return self._spec(name, inputs=channels, input_content_types=content_types)
+        return self._spec(name, inputs=channels, input_content_types=content_types,
+                          input_configs=configs)
 
     def _spec(self, job_name: str, **extra: Any) -> JobSpec:
         try:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from meshtrain.channels import channel_from_object
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
@@ -83,13 +85,6 @@ def check_runtime_limits(max_run: Any, max_wait: Any, use_spot: bool) -> None:
 
 
 def _input_uri(channel: str, value: Any) -> tuple[str, str | None]:
-    if hasattr(value, "config"):  # a sagemaker.inputs.TrainingInput
-        try:
-            data_source = value.config["DataSource"]["S3DataSource"]
-            return str(data_source["S3Uri"]), value.config.get("ContentType")
-        except (TypeError, KeyError):
-            raise ConfigError(f"input channel {channel!r}: {value!r} has no "
-                              "config['DataSource']['S3DataSource']['S3Uri'].") from None
     if isinstance(value, dict) and isinstance(value.get("uri"), str | Path):
         content_type = value.get("content_type")
         if content_type is not None and not isinstance(content_type, str):
@@ -110,19 +105,28 @@ def check_channel_name(channel: Any) -> str:
     return channel
 
 
-def check_inputs(inputs: Any) -> tuple[dict[str, str], dict[str, str]]:
-    """`fit(inputs)`: one path/URI (channel 'training') or {channel: path/URI}."""
+def check_inputs(
+    inputs: Any,
+) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
+    """`fit(inputs)`: one path/URI/TrainingInput (channel 'training') or {channel: ...}.
+
+    Returns (channel -> URI, channel -> content type, channel -> SDK channel config for channels
+    given as TrainingInput/FileSystemInput objects).
+    """
     if inputs is None:
-        return {}, {}
+        return {}, {}, {}
     if not isinstance(inputs, dict):
         inputs = {"training": inputs}
-    channels, content_types, upper = {}, {}, {}
+    channels, content_types, upper, configs = {}, {}, {}, {}
     for channel, value in inputs.items():
         check_channel_name(channel)
         if channel.upper() in upper:  # SM_CHANNEL_<NAME> is upper-cased: they would collide
             raise ConfigError(f"input channels {upper[channel.upper()]!r} and {channel!r} both "
                               f"become SM_CHANNEL_{channel.upper()}. Rename one.")
         upper[channel.upper()] = channel
+        if hasattr(value, "config"):  # meshtrain.sagemaker's or the SDK's channel objects
+            channels[channel], configs[channel] = channel_from_object(channel, value)
+            continue
         uri, content_type = _input_uri(channel, value)
         if not uri or any(c in uri for c in "\n\r\x00"):
             raise ConfigError(f"input channel {channel!r}: {uri!r} is not a usable path or URI.")
@@ -131,7 +135,7 @@ def check_inputs(inputs: Any) -> tuple[dict[str, str], dict[str, str]]:
         channels[channel] = uri
         if content_type:
             content_types[channel] = content_type
-    return channels, content_types
+    return channels, content_types, configs
 
 
 def check_writable_path(name: str, value: str | None) -> None:
@@ -167,6 +171,7 @@ def check_backend_options(
                           f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local), "
                           "the SageMaker SDK's session options (ml.* types), namespace, "
                           "kube_context, kubeconfig, kind, code_in_image (k8s:* types).")
+    options = _drop_sagemaker_options_locally(target, options)
     foreign = sorted(set(options) - target.options)
     if foreign:
         owners = sorted({kind.title for kind in TARGET_KINDS if set(foreign) & kind.options()})
@@ -186,6 +191,19 @@ def check_backend_options(
             raise ConfigError(f"jobs_dir must be a directory path, got {jobs_dir!r}.")
         check_writable_path("jobs_dir", str(jobs_dir))
     return dict(options)
+
+
+def _drop_sagemaker_options_locally(target: Target, options: dict[str, Any]) -> dict[str, Any]:
+    """A SageMaker notebook run with instance_type="local": its SageMaker-only arguments
+    (sagemaker_session, subnets, debugger_hook_config, ...) are dropped with one note."""
+    if not target.on_this_machine:
+        return options
+    sagemaker = next(kind for kind in TARGET_KINDS if kind.name == "sagemaker").options()
+    ignored = sorted(set(options) & (sagemaker - target.options))
+    if ignored:
+        print(f"meshtrain: local jobs ignore the SageMaker-only argument(s) {', '.join(ignored)}.",
+              file=sys.stderr)
+    return {name: value for name, value in options.items() if name not in ignored}
 
 
 def inline_parameters(distribution: Any, config: DistributionConfig) -> Any:

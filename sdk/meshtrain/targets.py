@@ -81,8 +81,9 @@ class TargetKind:
 
 
 TARGET_KINDS: tuple[TargetKind, ...] = (
+    # processes_per_host defaults to this machine's GPUs (CPU: 1), as the hosts count them.
     TargetKind("local", "local", lambda t: t == "local", "meshtrain.backends.local:LocalBackend",
-               gpus_per_host=lambda _: 0, options=lambda: frozenset({"jobs_dir"}),
+               gpus_per_host=lambda _: local_gpu_count(), options=lambda: frozenset({"jobs_dir"}),
                on_this_machine=True, example="'local' (processes on this machine)"),
     TargetKind("local_gpu", "local", lambda t: t == "local_gpu",
                "meshtrain.backends.local:LocalBackend",

@@ -39,15 +39,22 @@ def test_unknown_keyword_suggests_the_estimators_own_argument(source, keyword, m
     assert "not honoured by local jobs" not in message
 
 
-def test_backend_options_still_work(source, tmp_path):
+def test_backend_options_still_work(source, tmp_path, capsys):
     jobs = tmp_path / "jobs"
     estimator = Estimator("train.py", source_dir=str(source), jobs_dir=str(jobs))
     assert estimator.backend.jobs_dir == jobs
     remote = Estimator("train.py", source_dir=str(source), instance_type="ml.p4d.24xlarge",
                        subnets=["subnet-1"], security_group_ids=["sg-1"], sagemaker_session=None)
     assert remote.backend_options["subnets"] == ["subnet-1"]
-    with pytest.raises(ConfigError, match="SageMaker options, not honoured by local jobs"):
-        Estimator("train.py", source_dir=str(source), subnets=["s"], security_group_ids=["g"])
+    # a SageMaker notebook run locally: its SageMaker-only arguments are dropped with one line
+    local = Estimator("train.py", source_dir=str(source), subnets=["s"], security_group_ids=["g"],
+                      sagemaker_session=object(), debugger_hook_config=False)
+    assert local.backend_options == {}
+    assert capsys.readouterr().err.splitlines() == [
+        "meshtrain: local jobs ignore the SageMaker-only argument(s) debugger_hook_config, "
+        "sagemaker_session, security_group_ids, subnets."]
+    with pytest.raises(ConfigError, match="Kubernetes options, not honoured by local jobs"):
+        Estimator("train.py", source_dir=str(source), namespace="team-a")
 
 
 @pytest.mark.parametrize(("typo", "meant"), [("trian.py", "train.py"),

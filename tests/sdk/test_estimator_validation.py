@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from meshtrain import ConfigError, Estimator
+from meshtrain.sagemaker import FileSystemInput, TrainingInput
 
 
 @pytest.fixture
@@ -63,15 +64,19 @@ CASES = {
     "max-wait-too-small": ({"max_run": 100, "max_wait": 50}, "max_wait"),
     "bad-base-job-name": ({"base_job_name": "bad_name!"}, "not a valid SageMaker job name"),
     "missing-dependency": ({"dependencies": ["/no/such/lib"]}, "does not exist"),
-    "unknown-local-option": ({"subnets": ["subnet-1"]}, "not honoured by local jobs"),
+    "unknown-local-option": ({"namespace": "team-a"}, "not honoured by local jobs"),
 }
 FIT_CASES = {
     "bad-channel-name": ({"inputs": {"bad channel": "/tmp"}}, "channel name"),
     "missing-input": ({"inputs": {"train": "/no/such/data"}}, "does not exist"),
-    "s3-input-locally": ({"inputs": "s3://bucket/data"}, "local jobs read local paths"),
+    "sharded-s3-input-locally": ({"inputs": TrainingInput("s3://bucket/data",
+                                                           distribution="ShardedByS3Key")},
+                                 "FullyReplicated"),
+    "fsx-input-locally": ({"inputs": FileSystemInput("fs-0123456789abcdef0", "EFS", "/d")},
+                          "only SageMaker jobs in its VPC"),
     "bad-job-name": ({"job_name": "x" * 64}, "not a valid SageMaker job name"),
-    "checkpoint-s3-locally": ({"estimator": {"checkpoint_s3_uri": "s3://b/c"}},
-                              "not supported by local jobs"),
+    "checkpoint-s3-bucket-locally": ({"estimator": {"checkpoint_s3_uri": "s3://B_c/c"}},
+                                     "not a valid S3 bucket name"),
 }
 
 

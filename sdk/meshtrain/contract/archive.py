@@ -7,7 +7,7 @@ import io
 import os
 import posixpath
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from meshtrain.contract.errors import ConfigError
@@ -41,14 +41,23 @@ def _normalised_info(tar: tarfile.TarFile, path: Path, arcname: str) -> tarfile.
     return info
 
 
+def _add_bytes(tar: tarfile.TarFile, arcname: str, data: bytes) -> None:
+    info = tarfile.TarInfo(arcname)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
 def write_sourcedir_tarball(
-    source_dir: Path, destination: Path, dependencies: Iterable[Path] = ()
+    source_dir: Path, destination: Path, dependencies: Iterable[Path] = (),
+    replace: Mapping[str, bytes] | None = None,
 ) -> list[str]:
     """Pack `source_dir` (and each dependency under its own name) into a gzip tarball.
 
-    The bytes depend only on the files' names, contents and executable bits. Returns the
-    member names written.
+    `replace` maps top-level file names to the bytes stored under that name instead of the
+    source's file (or added when the source has none). The bytes depend only on the files'
+    names, contents and executable bits. Returns the member names written.
     """
+    replace = dict(replace or {})
     roots = [(Path(source_dir), "")] + [(Path(d), Path(d).name) for d in dependencies]
     members: list[str] = []
     buffer = io.BytesIO()
@@ -62,12 +71,17 @@ def write_sourcedir_tarball(
                 rel = path.name if root.is_file() else path.relative_to(root).as_posix()
                 arcname = posixpath.normpath(posixpath.join(prefix, rel)) if prefix else rel
                 info = _normalised_info(tar, path, arcname)
-                if info.isfile():
+                if arcname in replace and info.isfile():
+                    _add_bytes(tar, arcname, replace.pop(arcname))
+                elif info.isfile():
                     with open(path, "rb") as handle:
                         tar.addfile(info, handle)
                 else:
                     tar.addfile(info)
                 members.append(arcname)
+        for arcname, data in sorted(replace.items()):
+            _add_bytes(tar, arcname, data)
+            members.append(arcname)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with open(destination, "wb") as raw, gzip.GzipFile(
         filename="", mode="wb", fileobj=raw, mtime=0

@@ -34,6 +34,9 @@ class JobSpec(BaseModel):
     inputs: dict[str, str] = Field(default_factory=dict)
     """Channel name -> URI (file://, a local path, or s3://)."""
     input_content_types: dict[str, str] = Field(default_factory=dict)
+    input_configs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Channel name -> the SageMaker Channel (less ChannelName) of a channel given as a
+    TrainingInput/FileSystemInput: every option as the SDK carries it."""
     output_path: str | None = None
     checkpoint_s3_uri: str | None = None
     checkpoint_local_path: str | None = None
@@ -44,6 +47,9 @@ class JobSpec(BaseModel):
     volume_size: int = 30
     input_mode: str = "File"
     image_uri: str | None = None
+    framework_version: str | None = None
+    """With py_version and no image_uri: SageMaker jobs use AWS's PyTorch training image."""
+    py_version: str | None = None
     role: str | None = None
     tags: list[dict[str, str]] = Field(default_factory=list)
     metric_definitions: list[dict[str, str]] = Field(default_factory=list)
@@ -112,13 +118,16 @@ class JobSpec(BaseModel):
         """inputdataconfig.json: one entry per channel."""
         config = {}
         for channel in sorted(self.inputs):
+            given = self.input_configs.get(channel, {})
+            source = given.get("DataSource", {}).get("S3DataSource", {})
             entry = {
-                "TrainingInputMode": self.input_mode,
-                "S3DistributionType": "FullyReplicated",
-                "RecordWrapperType": "None",
+                "TrainingInputMode": given.get("InputMode", self.input_mode),
+                "S3DistributionType": source.get("S3DataDistributionType", "FullyReplicated"),
+                "RecordWrapperType": given.get("RecordWrapperType", "None"),
             }
-            if channel in self.input_content_types:
-                entry["ContentType"] = self.input_content_types[channel]
+            content_type = given.get("ContentType", self.input_content_types.get(channel))
+            if content_type:
+                entry["ContentType"] = content_type
             config[channel] = entry
         return config
 

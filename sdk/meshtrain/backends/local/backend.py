@@ -16,9 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.backends.local.artifacts import output_location
-from meshtrain.backends.local.layout import JobDirectory, default_jobs_dir, local_path, prepare_host
+from meshtrain.backends.local.layout import (
+    JobDirectory,
+    checkpoint_folder,
+    default_jobs_dir,
+    local_path,
+    prepare_host,
+)
 from meshtrain.backends.local.processes import carries_token, kill_job_processes, pids_of_job
 from meshtrain.backends.local.restarts import STOP_MARGIN_SECONDS
+from meshtrain.backends.local.s3_staging import check_s3_locations, download_checkpoints, stage_s3
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
@@ -48,13 +55,13 @@ class LocalBackend:
         if spec.source_dir.startswith("s3://"):
             raise ConfigError(f"source_dir={spec.source_dir}: local jobs pack a local directory "
                               "or script. Download and unpack the tarball, or run on SageMaker.")
-        for name in ("checkpoint_s3_uri", "max_wait"):
+        for name in ("max_wait",):
             if getattr(spec, name):
                 raise ConfigError(f"{name} is not supported by local jobs: remove it or run on "
                                   "SageMaker (an ml.* instance_type).")
         if spec.use_spot_instances:
             raise ConfigError("use_spot_instances is not supported by local jobs.")
-        _check_local_locations(spec)
+        _check_local_locations(check_s3_locations(spec))
         if not is_generated_name(spec.job_name) and self.job_directory(spec.job_name).root.exists():
             raise _name_taken(spec.job_name, self.jobs_dir)
 
@@ -69,12 +76,14 @@ class LocalBackend:
         spec, job_dir = self._create_job_directory(spec)
         token = secrets.token_hex(16)
         try:
+            spec = stage_s3(spec, job_dir.root)  # S3 channels downloaded, S3 outputs recorded
             job_dir.token_file.write_text(token)
             job_dir.spec_file.write_text(spec.to_json())
             write_sourcedir_tarball(Path(spec.source_dir), job_dir.sourcedir_tarball,
                                     [Path(d) for d in spec.dependencies])
             for host in spec.hosts:
                 prepare_host(spec, job_dir, host)
+            download_checkpoints(job_dir.root, checkpoint_folder(spec, job_dir))
             job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time(),
                                  SecondaryStatusTransitions=[])
             job_dir.add_transition("Starting", "Starting the training job")

@@ -142,3 +142,12 @@ def prepare_host(spec: JobSpec, job_dir: JobDirectory, host: str) -> OptMLPaths:
             target.mkdir(parents=True)
             (target / source.name).symlink_to(source)
     return paths
+
+
+def checkpoint_folder(spec: JobSpec, job_dir: JobDirectory) -> Path:
+    """The job's one checkpoint folder, shared by all its hosts (SM_CHECKPOINT_DIR):
+    checkpoint_local_path if given (reused across jobs), else ``<job dir>/checkpoints``, as
+    SageMaker syncs every host's /opt/ml/checkpoints to one S3 prefix."""
+    if spec.checkpoint_local_path:
+        return Path(spec.checkpoint_local_path)
+    return job_dir.root / "checkpoints"

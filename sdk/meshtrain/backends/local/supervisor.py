@@ -26,10 +26,11 @@ import time
 from collections import deque
 from pathlib import Path
 
-from meshtrain.backends.local.artifacts import package_artifacts
-from meshtrain.backends.local.layout import JobDirectory
+from meshtrain.backends.local.artifacts import output_location, package_artifacts
+from meshtrain.backends.local.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.local.processes import kill_job_processes, stop_groups_gracefully
 from meshtrain.backends.local.restarts import STOP_MARGIN_SECONDS, restart_after_failure
+from meshtrain.backends.local.s3_staging import upload_results
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
     HOST_RECORD,
@@ -40,6 +41,7 @@ from meshtrain.contract.failures import (
     read_host_record,
 )
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.targets import local_gpu_count
 
 STOP_GRACE_SECONDS = 10.0  # the last sweep, after the hosts' own grace period
 # After the first host fails, the others get this long to fail on their own and record why
@@ -56,14 +58,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
-
-def checkpoint_folder(spec: JobSpec, job_dir: JobDirectory) -> Path:
-    """The job's one checkpoint folder, shared by all its hosts (SM_CHECKPOINT_DIR):
-    checkpoint_local_path if given (reused across jobs), else ``<job dir>/checkpoints``, as
-    SageMaker syncs every host's /opt/ml/checkpoints to one S3 prefix."""
-    if spec.checkpoint_local_path:
-        return Path(spec.checkpoint_local_path)
-    return job_dir.root / "checkpoints"
 
 
 def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
@@ -82,6 +76,7 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
         names.MESHTRAIN_ATTEMPT: str(attempt),
         "PYTHONUNBUFFERED": "1",
     })
+    env.setdefault(names.MESHTRAIN_NUM_GPUS, str(local_gpu_count()))  # as the client counted
     return env
 
 
@@ -266,7 +261,9 @@ class Supervisor:
             attempt += 1
             status, reason = self.run_attempt(attempt, deadline)
         self.job_dir.add_transition("Uploading", "Uploading generated training model")
-        packing_error = package_artifacts(self.spec, self.job_dir)
+        packing_error = package_artifacts(self.spec, self.job_dir) or upload_results(
+            self.job_dir.root, self.spec.job_name, output_location(self.spec, self.job_dir),
+            checkpoint_folder(self.spec, self.job_dir))
         if packing_error:
             status = "Failed" if status == "Completed" else status
             reason = f"{reason}\n{packing_error}" if reason else packing_error

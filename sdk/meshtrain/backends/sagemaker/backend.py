@@ -34,6 +34,11 @@ from meshtrain.backends.sagemaker.request import (
     code_uri_for,
     default_output_path,
 )
+from meshtrain.backends.sagemaker.shipping import (
+    requirements_with_runtime,
+    ships_runtime,
+    stage_runtime,
+)
 from meshtrain.backends.sagemaker.spec import spec_from_description
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.errors import ConfigError
@@ -138,7 +143,7 @@ class SageMakerBackend:
         # output_path's bucket or code_location, and the default bucket is never touched.
         bucket = self.ensure_default_bucket() if spec.output_path is None else ""
         output_path = spec.output_path or default_output_path(bucket)
-        image = resolve_image_uri(spec.image_uri)
+        image = resolve_image_uri(spec, region)
         code_uri = code_uri_for(spec, self.options, bucket)
         derived = bool(bucket) and self.options.default_bucket is None
         owner = self.account_id() if derived and code_uri.startswith(f"s3://{bucket}/") else None
@@ -198,8 +203,12 @@ class SageMakerBackend:
             extra["ExpectedBucketOwner"] = context.code_bucket_owner
         with tempfile.TemporaryDirectory(prefix="meshtrain-source-") as scratch:
             tarball = Path(scratch) / "sourcedir.tar.gz"
-            members = write_sourcedir_tarball(Path(spec.source_dir), tarball,
-                                              [Path(d) for d in spec.dependencies])
+            dependencies, replace = [Path(d) for d in spec.dependencies], {}
+            if ships_runtime(spec, context.image_uri):
+                dependencies += stage_runtime(Path(scratch) / "runtime")
+                replace = requirements_with_runtime(spec)
+            members = write_sourcedir_tarball(Path(spec.source_dir), tarball, dependencies,
+                                              replace)
             self.client("s3").put_object(Bucket=bucket, Key=key, Body=tarball.read_bytes(),
                                          **extra)
         return members

@@ -10,8 +10,10 @@ import os
 import re
 from typing import Any
 
+from meshtrain.backends.sagemaker.images import check_framework_versions, training_image_uri
 from meshtrain.backends.sagemaker.options import SageMakerOptions
 from meshtrain.backends.sagemaker.request import code_uri_for, submit_directory
+from meshtrain.channels import is_file_system
 from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.degrees import resolve_degrees
 from meshtrain.contract.errors import ConfigError
@@ -164,6 +166,9 @@ def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
     if len(spec.inputs) > MAX_CHANNELS:
         raise ConfigError(f"{len(spec.inputs)} input channels exceed SageMaker's {MAX_CHANNELS}.")
     for channel, uri in spec.inputs.items():
+        if is_file_system(spec.input_configs.get(channel)):
+            check_file_system_network(channel, options)
+            continue
         parse_s3_uri(uri, f"input channel {channel!r}")
     if options.enable_network_isolation and "code" in spec.inputs:
         raise ConfigError("with enable_network_isolation=True the code travels in an input "
@@ -183,6 +188,14 @@ def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
     check_source_location(spec)
 
 
+def check_file_system_network(channel: str, options: SageMakerOptions) -> None:
+    """EFS and FSx are reached inside a VPC: the job needs subnets and security groups."""
+    if options.subnets is None:
+        raise ConfigError(f"input channel {channel!r} is an EFS/FSx file system, which SageMaker "
+                          "mounts inside your VPC: pass subnets=[...] and security_group_ids=[...] "
+                          "that reach it (the file system's subnet and a group allowing its port).")
+
+
 def check_source_location(spec: JobSpec) -> None:
     """An S3 source_dir is a tar.gz that nothing more can be added to."""
     if spec.source_dir.startswith("s3://"):
@@ -195,21 +208,31 @@ def check_source_location(spec: JobSpec) -> None:
                               "them into it, or use a local source_dir.")
 
 
-def check_resources(spec: JobSpec) -> None:
+def check_resources(spec: JobSpec, region: str | None = None) -> None:
     """Input mode, volume size and the image URI."""
     if spec.input_mode not in INPUT_MODES:
         raise ConfigError(f"input_mode={spec.input_mode!r} is not one of {', '.join(INPUT_MODES)}.")
     if spec.volume_size < 0:
         raise ConfigError(f"volume_size={spec.volume_size} GB must be >= 0.")
-    image = resolve_image_uri(spec.image_uri)
+    image = resolve_image_uri(spec, region or spec.region)
     if not 1 <= len(image) <= 255:
         raise ConfigError(f"image_uri is {len(image)} characters; SageMaker allows 1-255.")
 
 
-def resolve_image_uri(image_uri: str | None) -> str:
-    """The training image: `image_uri`, else $MESHTRAIN_IMAGE_URI (meshtrain's image from
-    containers/, pushed to the user's own repository); neither is a ConfigError."""
-    image = image_uri or os.environ.get(IMAGE_URI_ENV)
+def resolve_image_uri(spec: JobSpec, region: str | None) -> str:
+    """The training image: `image_uri`; else, with framework_version/py_version, AWS's PyTorch
+    (or SMP v2) training image for the region, as the SDK picks it; else $MESHTRAIN_IMAGE_URI
+    (meshtrain's image from containers/, pushed to the user's own repository). None of them
+    is a ConfigError."""
+    if spec.image_uri:
+        return spec.image_uri
+    if spec.framework_version is not None or spec.py_version is not None:
+        distribution = spec.distribution.to_dict() if spec.distribution else None
+        check_framework_versions(spec.framework_version, spec.py_version, spec.instance_type,
+                                 distribution)
+        return training_image_uri(str(region), str(spec.framework_version),
+                                  str(spec.py_version), spec.instance_type, distribution)
+    image = os.environ.get(IMAGE_URI_ENV)
     if not image:
         raise ConfigError(
             "image_uri is required for SageMaker jobs: pass the URI of a training image (an AWS "
@@ -228,7 +251,7 @@ def check_training_job(spec: JobSpec, options: SageMakerOptions, region: str | N
     check_stopping(spec)
     check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
                              "SageMaker")
-    check_resources(spec)
+    check_resources(spec, region)
     check_locations(spec, options)
     check_environment(spec.environment)
     check_tags(spec.tags)

@@ -81,11 +81,18 @@ def s3_channel(name: str, uri: str, content_type: str | None = None) -> dict[str
     return channel
 
 
+def channel_for(spec: JobSpec, name: str) -> dict[str, Any]:
+    """One Channel: a TrainingInput/FileSystemInput's config as given (SDK
+    `_convert_input_to_channel`), else the SDK's `TrainingInput(uri)`."""
+    if name in spec.input_configs:
+        return {**spec.input_configs[name], "ChannelName": name}
+    return s3_channel(name, spec.inputs[name], spec.input_content_types.get(name))
+
+
 def build_input_config(
     spec: JobSpec, options: SageMakerOptions, code_uri: str
 ) -> list[dict[str, Any]] | None:
-    channels = [s3_channel(name, uri, spec.input_content_types.get(name))
-                for name, uri in spec.inputs.items()]
+    channels = [channel_for(spec, name) for name in spec.inputs]
     if options.enable_network_isolation:
         channels.append(s3_channel(CODE_CHANNEL, code_uri))
     return channels or None
@@ -118,9 +125,19 @@ def _algorithm_specification(spec: JobSpec, options: SageMakerOptions,
     # meshtrain_runtime.metrics.log() prints the standard metrics: define them for the console.
     algorithm["MetricDefinitions"] = with_standard_definitions(
         [dict(m) for m in spec.metric_definitions])
-    if options.enable_sagemaker_metrics is not None:
-        algorithm["EnableSageMakerMetricsTimeSeries"] = options.enable_sagemaker_metrics
+    metrics = options.enable_sagemaker_metrics
+    if metrics is None and _at_least(spec.framework_version, (1, 3)):
+        metrics = True  # the SDK's PyTorch estimator: on for framework_version >= 1.3
+    if metrics is not None:
+        algorithm["EnableSageMakerMetricsTimeSeries"] = metrics
     return algorithm
+
+
+def _at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
+    if not version:
+        return False
+    parts = tuple(int(p) for p in version.split(".") if p.isdigit())
+    return parts >= minimum
 
 
 def _resource_config(spec: JobSpec, options: SageMakerOptions) -> dict[str, Any]:

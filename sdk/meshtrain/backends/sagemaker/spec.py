@@ -11,30 +11,35 @@ from __future__ import annotations
 from typing import Any
 
 from meshtrain.backends.sagemaker.request import CODE_CHANNEL, NETWORK_ISOLATION_SUBMIT_DIRECTORY
+from meshtrain.channels import file_system_uri
 from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.hyperparameters import decode_hyperparameters, split_hyperparameters
 from meshtrain.contract.jobspec import DEFAULT_CONTAINER_LOG_LEVEL, JobSpec
 
 
-def _channels(description: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], str | None]:
-    """(channel -> S3 URI, channel -> content type, the code channel's URI if any)."""
-    inputs, content_types, code_uri = {}, {}, None
+def _channels(description: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], str | None]:
+    """(channel -> URI, channel -> its config less ChannelName, the code channel's URI)."""
+    inputs, configs, code_uri = {}, {}, None
     for channel in description.get("InputDataConfig") or []:
-        uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+        source = channel["DataSource"]
+        if "FileSystemDataSource" in source:
+            uri = file_system_uri(source["FileSystemDataSource"])
+        else:
+            uri = source["S3DataSource"]["S3Uri"]
         if channel["ChannelName"] == CODE_CHANNEL and description.get("EnableNetworkIsolation"):
             code_uri = uri
             continue
         inputs[channel["ChannelName"]] = uri
-        if channel.get("ContentType"):
-            content_types[channel["ChannelName"]] = channel["ContentType"]
-    return inputs, content_types, code_uri
+        configs[channel["ChannelName"]] = {k: v for k, v in channel.items()
+                                           if k != "ChannelName"}
+    return inputs, configs, code_uri
 
 
 def spec_from_description(description: dict[str, Any], region: str | None) -> JobSpec:
     """The JobSpec a SageMaker job was (or could have been) started from."""
     decoded = decode_hyperparameters(description.get("HyperParameters") or {})
     reserved, framework, user = split_hyperparameters(decoded)
-    inputs, content_types, code_uri = _channels(description)
+    inputs, input_configs, code_uri = _channels(description)
     source = str(reserved.get(hp.SUBMIT_DIRECTORY, ""))
     if source == NETWORK_ISOLATION_SUBMIT_DIRECTORY and code_uri:
         source = code_uri
@@ -55,7 +60,7 @@ def spec_from_description(description: dict[str, Any], region: str | None) -> Jo
         instance_count=resources.get("InstanceCount", 1),
         volume_size=resources.get("VolumeSizeInGB", 30),
         inputs=inputs,
-        input_content_types=content_types,
+        input_configs=input_configs,
         output_path=description.get("OutputDataConfig", {}).get("S3OutputPath"),
         checkpoint_s3_uri=checkpoint.get("S3Uri"),
         checkpoint_local_path=checkpoint.get("LocalPath"),

@@ -55,18 +55,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def lay_out_host(request: dict, base: Path) -> None:
-    """/opt/ml as SageMaker prepares it on algo-1 from the CreateTrainingJob request."""
+def lay_out_host(request: dict, base: Path, host: str = "algo-1") -> None:
+    """/opt/ml as SageMaker prepares it on `host` from the CreateTrainingJob request."""
     config = base / "input" / "config"
     for directory in (config, base / "model", base / "output" / "data"):  # the platform's dirs
         directory.mkdir(parents=True)
     (config / "hyperparameters.json").write_text(json.dumps(request["HyperParameters"]))
     instance = request["ResourceConfig"]["InstanceType"]
     (config / "resourceconfig.json").write_text(json.dumps({
-        "current_host": "algo-1", "hosts": ["algo-1"], "current_group_name": "homogeneousCluster",
+        "current_host": host, "hosts": [host], "current_group_name": "homogeneousCluster",
         "current_instance_type": instance, "network_interface_name": "eth0",
         "instance_groups": [{"instance_group_name": "homogeneousCluster",
-                             "instance_type": instance, "hosts": ["algo-1"]}]}))
+                             "instance_type": instance, "hosts": [host]}]}))
     channels = {}
     s3 = boto3.client("s3")
     for channel in request["InputDataConfig"]:
