@@ -366,7 +366,7 @@ _FIT = {
     "channel-value-int": ({}, {"inputs": {"train": 5}}, "expected a path or URI"),
     "channel-uri-int": ({}, {"inputs": {"train": {"uri": 5}}}, "expected a path or URI"),
     "channel-missing": ({}, {"inputs": {"train": "/no/such/data"}}, "does not exist"),
-    "channel-s3-local": ({}, {"inputs": {"train": "s3://b/k"}}, "local jobs read local"),
+    "channel-s3-local": ({}, {"inputs": {"train": "s3://b/k"}}, "not a valid S3 bucket name"),
     "channel-nul": ({}, {"inputs": {"train": "/tmp/a\x00b"}}, "not a usable path"),
     "channel-empty-path": ({}, {"inputs": {"train": ""}}, "not a usable path"),
     "channel-content-type-int": ({}, {"inputs": {"train": {"uri": data, "content_type": 5}}},
