@@ -160,6 +160,24 @@ def test_resume_on_another_layout(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_smp_v2_script_resumes_where_it_stopped(tmp_path):
+    stdout = run_example("smp_v2/launch.py", tmp_path, "--checkpoint-dir",
+                         str(tmp_path / "checkpoints"))
+    assert stdout.count("layout: tp=2 x hybrid_shard_degree=2, dp_size=2") == 2
+    assert "resumed at step 3 from" in stdout
+    first, second = artifacts(stdout)
+    saved, resumed = output_json(first, "losses.json"), output_json(second, "losses.json")
+    assert saved["steps"] == list(range(6)) and saved["resumed_from"] is None
+    assert resumed["steps"] == [3, 4, 5] and resumed["resumed_from"] == 3
+    # the checkpoint restored weights and optimizer state: the same losses as without stopping
+    assert resumed["train:loss"] == pytest.approx(saved["train:loss"][3:], abs=1e-5)
+    assert saved["train:loss"][-1] < 0.9 * saved["train:loss"][0], saved
+    folder = tmp_path / "checkpoints" / "llama-3steps"
+    assert sorted(p.name for p in folder.iterdir()) == ["tp2-0", "tp2-1"]  # SMP: one per tp rank
+
+
+@pytest.mark.e2e
 def test_sagemaker_launch_against_moto(aws, tmp_path):
     bucket = "meshtrain-example-bucket"
     boto3.client("s3").create_bucket(

@@ -25,11 +25,12 @@ from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.mesh_axes import MeshAxis, axis_names
 from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.compat.smp import _fsdp1_tp_optim as tp_optim
 from meshtrain_runtime.parallel.fsdp import data_parallel_mesh
 
 _FULL, _GRAD_OP = ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP
@@ -145,6 +146,40 @@ def smp_fsdp1_kwargs(st: runtime_state.RuntimeState, kwargs: dict[str, Any]) -> 
     return kwargs
 
 
+def _uses_tp_optim(model: Any, optim_state_dict: Any = None, group: Any = None) -> bool:
+    """FSDP1 + TP under SMP with a sharded state-dict type: SMP's optimizer-state format."""
+    if _meshes is None or _meshes.tp is None or _meshes.fsdp1 is None:
+        return False
+    if not isinstance(model, FullyShardedDataParallel) or optim_state_dict is not None or group:
+        return False
+    settings = FullyShardedDataParallel.get_state_dict_type(model)
+    return settings.state_dict_type == StateDictType.SHARDED_STATE_DICT
+
+
+def _optim_state_dict(original: Callable[..., Any]) -> Callable[..., Any]:
+    def optim_state_dict(model: Any, optim: Any, optim_state_dict: Any = None,
+                         group: Any = None) -> Any:
+        if _uses_tp_optim(model, optim_state_dict, group):
+            return tp_optim.optim_state_dict(model, optim, compat_meshes().fsdp1)
+        return original(model, optim, optim_state_dict, group)
+
+    return optim_state_dict
+
+
+def _optim_state_dict_to_load(original: Callable[..., Any]) -> Callable[..., Any]:
+    def optim_state_dict_to_load(model: Any, optim: Any, optim_state_dict: Any,
+                                 is_named_optimizer: bool = False, load_directly: bool = False,
+                                 group: Any = None) -> Any:
+        if _uses_tp_optim(model, None, group) and not is_named_optimizer:
+            converted = tp_optim.optim_state_dict_to_load(model, optim, optim_state_dict)
+            if load_directly:
+                optim.load_state_dict(converted)
+            return converted
+        return original(model, optim, optim_state_dict, is_named_optimizer, load_directly, group)
+
+    return optim_state_dict_to_load
+
+
 def _default_fully_shard_mesh() -> DeviceMesh:
     return compat_meshes().fsdp2
 
@@ -161,6 +196,11 @@ def install_fsdp_defaults() -> None:
     if "fsdp2" not in _original:
         _original["fsdp2"] = fsdp2._init_default_mesh
         fsdp2._init_default_mesh = _default_fully_shard_mesh
+    for name, wrap in (("optim_state_dict", _optim_state_dict),
+                       ("optim_state_dict_to_load", _optim_state_dict_to_load)):
+        if name not in _original:
+            _original[name] = getattr(FullyShardedDataParallel, name)
+            setattr(FullyShardedDataParallel, name, staticmethod(wrap(_original[name])))
 
 
 def remove_fsdp_defaults() -> None:
@@ -173,6 +213,9 @@ def remove_fsdp_defaults() -> None:
         FullyShardedDataParallel.__init__ = _original.pop("fsdp1")
     if "fsdp2" in _original:
         fsdp2._init_default_mesh = _original.pop("fsdp2")
+    for name in ("optim_state_dict", "optim_state_dict_to_load"):
+        if name in _original:
+            setattr(FullyShardedDataParallel, name, staticmethod(_original.pop(name)))
 
 
 __all__ = [

@@ -47,7 +47,7 @@ from torch.sagemaker.tensor_parallel.transformer import TransformerLayer  # noqa
 from torch.sagemaker.utils.process_group_utils import get_global_ranks  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-BATCH, SEQ, VOCAB, STEPS = 4, 8, 64, 3
+BATCH, SEQ, VOCAB, STEPS = 4, 8, 64, 4  # resumed runs take 2 steps: Adam's state matters
 MAX_NORM = 0.5  # below the gradient norms here (about 1.7-2.0), so every step is clipped
 NORMS: list[float] = []  # total gradient norms clip_grad_norm_ returned, step by step
 SAVE_AFTER = 2
