@@ -292,17 +292,22 @@ def test_phase_peaks_model_state_cases(request, world: int, case: str) -> None:
 
 def test_kept_gathered_parameters_measured(run2) -> None:
     """reshard_after_forward=False vs the default on the same 2-rank full shard: the forward
-    phase grows by at least what the plan says stays gathered (the embedding and the other
-    block, fp32 here: 212,992 B), and the all-gathers of the blocks and the embedding run once.
-    Measured: 276,224 B (+30 %: 63 kB more than the kept groups, not yet explained; the whole
-    forward phase is 7.7 % above the plan, inside PHASE_BOUND)."""
+    phase grows by what the plan keeps gathered (the embedding and the other block, fp32 here:
+    212,992 B) plus the head's unsharded parameters and flat all-gather buffer (2 x 32,768 B):
+    the meter's forward ends in the head's forward pre-hook, after FSDP2's own has gathered the
+    head (the plan books that moment to the loss phase; with the default layout the last
+    block's moment is larger, so it does not show). Within 5 %; the blocks' and the
+    embedding's all-gathers run once."""
     keep = select(run2, 2, case="full_shard_2_keep")
     default = select(run2, 2, case="full_shard_2")
-    planned = (planned_phases_above_start(keep[0])["forward"]
-               - planned_phases_above_start(default[0])["forward"])
+    spec, degrees = _spec_and_degrees(keep[0])
+    groups = fsdp_groups(spec, degrees)
+    kept = (planned_phases_above_start(keep[0])["forward"]
+            - planned_phases_above_start(default[0])["forward"])
+    assert kept == 4 * (groups.embedding + groups.block_total)
+    planned = kept + 2 * 4 * groups.head
     measured = _lowest_rank(keep, "forward") - _lowest_rank(default, "forward")
-    assert planned == 4 * (128 * 64 + fsdp_groups(*_spec_and_degrees(keep[0])).block_total)
-    assert planned <= measured <= 1.35 * planned, (measured, planned)
+    assert abs(measured / planned - 1) < 0.05, (measured, planned)
     gathers = [sum(n for key, n in r["collectives"]["payload_bytes"].items()
                    if key.endswith("/all_gather")) for r in (keep[0], default[0])]
     assert gathers[0] < gathers[1]

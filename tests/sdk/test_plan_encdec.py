@@ -182,3 +182,17 @@ def test_cli_preset_and_custom_description(capsys):
 def _json_plan(argv, capsys) -> dict:
     assert plan_main([*argv, "--json", "--top", "1"]) == 0
     return json.loads(capsys.readouterr().out)["recommendation"]["memory_bytes"]
+
+
+def test_preflight_takes_the_decoder_length():
+    """T5-11B with 2048 decoder tokens does not fit on 8 x 40 GiB; with 128 it does."""
+    smp = {"torch_distributed": {"enabled": True},
+           "smdistributed": {"modelparallel": {"enabled": True, "parameters": {}}}}
+    from meshtrain.plan import preflight
+
+    with pytest.raises(ConfigError, match="does not fit"):
+        preflight(smp, model="t5-11b", instance_type="ml.p4d.24xlarge", seq_len=2048,
+                  decoder_seq_len=2048, micro_batch=4)
+    plan = preflight(smp, model="t5-11b", instance_type="ml.p4d.24xlarge", seq_len=512,
+                     decoder_seq_len=128, micro_batch=1)
+    assert plan.candidates[0].fits

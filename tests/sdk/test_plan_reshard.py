@@ -34,13 +34,14 @@ def test_hand_computed_block_size():
 
 def test_no_shard_on_one_gpu_keeps_every_group_gathered_unless_told():
     """One GPU resolves to no_shard: by default (reshard_after_forward False) the forward ends
-    with the root, the embedding, every block and the running block's flat all-gather buffer
-    gathered (bf16); with reshard_after_forward=True only the root and the running block with
-    its buffer (issue 20's trade-off)."""
+    with the root, the embedding and every block gathered (bf16); with
+    reshard_after_forward=True only the root and the running block (issue 20's trade-off).
+    A shard group of one has no all-gather: FSDP2 copies the shard into the unsharded
+    parameters, no flat buffer."""
     keep = _phases(1)
     free = _phases(1, reshard_after_forward=True)
-    assert keep["forward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK + BLOCK)
-    assert free["forward"]["gathered_parameters"] == 2 * (ROOT + 2 * BLOCK)
+    assert keep["forward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK)
+    assert free["forward"]["gathered_parameters"] == 2 * (ROOT + BLOCK)
     assert _phases(1, reshard_after_forward=False) == keep
     # Everything else in forward is the same: activations and states do not depend on it.
     for term in ("activations", "sharded_parameters", "optimizer_states"):
@@ -94,3 +95,21 @@ def test_cli_and_json_carry_it(capsys):
     assert plan_main(["--model", "llama2-7b", "--gpus", "1", "--seq-len", "1024",
                       "--reshard-after-forward", "true", "--top", "2"]) == 0
     assert "ddp | reshard" in capsys.readouterr().out
+
+
+def test_issue_20_h100_no_shard_peaks():
+    """Issue 20, one H100, 1.1B Llama (hidden 2048, 22 layers, 32 / 4 heads, intermediate 5632,
+    vocabulary 32000), seq 2048, batch 4, bf16, AdamW, no checkpointing: the runtime's
+    no_shard (groups kept gathered) measured 32.09 GiB peak, a hand-written fully_shard
+    (reshard after forward) 30.29 GiB (30.17 with meshtrain's grouping). The plan: within 2 %."""
+    model = MODEL.model_copy(update={
+        "name": "1.1b", "hidden_size": 2048, "num_layers": 22, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000})
+    training = Training(seq_len=2048, micro_batch=4, precision="bf16")
+    cluster = build_cluster(gpus=1, gpu_memory_gib=80)
+    gib = 2**30
+    keep = estimate_layout(model, SMPParameters(), cluster, training).memory.peak_bytes / gib
+    free = estimate_layout(model, SMPParameters(reshard_after_forward=True), cluster,
+                           training).memory.peak_bytes / gib
+    assert keep == pytest.approx(32.09, rel=0.02)
+    assert free == pytest.approx(30.17, rel=0.02)

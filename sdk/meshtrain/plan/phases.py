@@ -112,6 +112,11 @@ class FSDPGroups:
     """Elements of every group's shard on this rank (the model states' element count)."""
     largest_shard: int
     """Elements of the largest single parameter shard on this rank."""
+    all_blocks: int = 0
+    """Unsharded elements of every block together (blocks of an encoder-decoder differ)."""
+    single: bool = False
+    """A shard group of one (no_shard): FSDP2 copies shards into the unsharded parameters
+    without an all-gather or a flat buffer, and reduces without a collective."""
 
     @property
     def block_total(self) -> int:
@@ -149,7 +154,8 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
     return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
                       experts=math.ceil(sizes["experts"] / blocks), head=sizes["head"],
                       root=sizes["root"], num_blocks=blocks, sharded=sharded,
-                      largest_shard=largest)
+                      largest_shard=largest, all_blocks=sizes["layer"] + sizes["experts"],
+                      single=shard == 1)
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ class _Step:
     gradients: float
     step_buffer: float
     scratch: bool
-    """CPU ranks (gloo): every all-gather and reduce-scatter copies its full buffer once."""
+    """CPU ranks (gloo): every all-gather and reduce-scatter copies its full buffer once (a
+    shard group of one runs neither)."""
 
 
 def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
@@ -196,7 +203,7 @@ def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
                  states=states,
                  gradients=_PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
                  step_buffer=_step_buffer(groups, training, on_gpu) if on_gpu_optimizer
-                 else 0.0, scratch=not on_gpu)
+                 else 0.0, scratch=not on_gpu and degrees.hybrid_shard_degree > 1)
 
 
 def phase_memory(
@@ -249,17 +256,18 @@ def _block_activations(acts: ActivationEstimate) -> float:
 
 def _gathered_in_forward(step: _Step, *, at_head: bool) -> float:
     """Unsharded parameters held while a block (or, `at_head`, the output head) computes in
-    forward: its own, its flat all-gather buffer (kept until the next copy-out) and the root's;
-    when groups keep their parameters gathered (``reshard_after_forward`` False) every group
-    gathered so far as well."""
+    forward: its own, its flat all-gather buffer (kept until the next copy-out; none in a
+    shard group of one) and the root's; when groups keep their parameters gathered
+    (``reshard_after_forward`` False) every group gathered so far as well."""
     if not step.fsdp:
         return 0.0
     g = step.groups
     current = g.head if at_head else g.block_total
+    flat = 0 if g.single else current
     if step.keep_gathered:
-        running = g.embedding + g.num_blocks * g.block_total + (g.head if at_head else 0)
-        return step.c * (g.root + current + running)
-    return step.c * (g.root + 2 * current)
+        running = g.embedding + g.all_blocks + (g.head if at_head else 0)
+        return step.c * (g.root + flat + running)
+    return step.c * (g.root + flat + current)
 
 
 def _mlp_terms(acts: ActivationEstimate) -> float:
@@ -313,9 +321,10 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
         {"activations": activations - log_softmax, "gathered_parameters": gathered,
          "loss_temporaries": upcast},
     ]
-    if step.fsdp and not step.keep_gathered:
+    if step.fsdp and not step.keep_gathered and g.head:
         # The group that finished its forward last: a block's dense part (its experts, a
-        # group of their own under expert parallelism, finished before it).
+        # group of their own under expert parallelism, finished before it). A head tied into
+        # the root has no pre-backward of its own: the block unshards in backward.
         prefetch = {"activations": activations - log_softmax,
                     "gathered_parameters": gathered + c * g.block,
                     "loss_temporaries": c * tokens_vocab}
@@ -349,7 +358,7 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
     block = c * g.block_total
     gathered = c * g.root + 2 * block
     if step.keep_gathered:
-        gathered = c * (g.root + g.embedding + g.num_blocks * g.block_total)
+        gathered = c * (g.root + g.embedding + g.all_blocks)
     head_reduce = REDUCE_BYTES * g.head
     block_reduce = REDUCE_BYTES * g.block_total
     # A checkpointed block's recomputed activations replace its own (freed as backward runs).
@@ -366,7 +375,12 @@ def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
     if step.scratch:
         moments[0]["collective_scratch"] = block
         moments[2]["collective_scratch"] = block_reduce
-    return _worst(moments) | {"sharded_gradients": head_grads}
+    terms = _worst(moments) | {"sharded_gradients": head_grads}
+    if not g.head and step.gradients:
+        # A head tied into the root: the root's unsharded gradient (the head's weight gradient)
+        # is written in the loss's backward and reduced only when the root's backward ends.
+        terms["unsharded_gradients"] = terms.get("unsharded_gradients", 0.0) + c * g.root
+    return terms
 
 
 def peak_phase(phases: list[PhaseMemory]) -> PhaseMemory:

@@ -39,6 +39,7 @@ def preflight(
     processes_per_host: int | None = None,
     seq_len: int = 4096,
     micro_batch: int = 1,
+    decoder_seq_len: int | None = None,
     precision: str = "bf16",
     optimizer: str = "adamw",
     convention: str = "zero",
@@ -52,7 +53,8 @@ def preflight(
     The distribution's ``mixed_precision`` overrides `precision`. Without model parallelism
     enabled the runtime's defaults apply (full sharding over all ranks). On instance types
     without GPUs (CPU types, "local") nothing is refused unless `gpu_memory_gib` is given.
-    The returned Plan holds one candidate: the layout asked for.
+    The returned Plan holds one candidate: the layout asked for. `decoder_seq_len`: an
+    encoder-decoder's decoder length (`seq_len` is then the encoder's).
     """
     config = distribution if isinstance(distribution, DistributionConfig) else \
         DistributionConfig.from_dict(dict(distribution) if distribution is not None else None)
@@ -60,7 +62,7 @@ def preflight(
     training = Training(seq_len=seq_len, micro_batch=micro_batch,
                         precision=config.smp.mixed_precision or precision,
                         optimizer=optimizer, convention=convention,  # type: ignore[arg-type]
-                        fused_optimizer=fused_optimizer)
+                        fused_optimizer=fused_optimizer, decoder_seq_len=decoder_seq_len)
     ranks = processes_per_host or config.processes_per_host(gpus_per_instance(instance_type))
 
     def build(count: int) -> Cluster:
