@@ -226,6 +226,8 @@ def test_tp_is_applied_with_styles_and_hooks_not_patches(single_process_runtime)
     )
     stop_local_compute(model.norm)
     assert locally_computed_parameters(model.norm) == ()
+    model.to(torch.float64)  # swaps the DTensor parameters: nothing may hold a weakref to them
+    assert model.embed.weight.dtype == torch.float64
 
 
 def _raise(_module: nn.Module, _args: tuple) -> None:

@@ -8,7 +8,8 @@ parallelism alone works with ``torch.optim.AdamW`` defaults (foreach refuses a m
 tensors and DTensors). FSDP2's ``fully_shard`` goes on top afterwards (design.md's order).
 
 Nothing is patched onto modules or parameters: torch styles split the weights, and the rest is
-forward (pre-)hooks and gradient hooks whose bookkeeping lives in this module's weak registries.
+forward (pre-)hooks and gradient hooks; what they need to know about a module lives in this
+module's weak registries (keyed by module, never by parameter).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
-from torch.utils.weak import WeakIdKeyDictionary
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.parallel.plans import (
@@ -39,12 +39,11 @@ from meshtrain_runtime.parallel.plans import (
 
 HEAD_COUNT_ATTRIBUTES = ("num_attention_heads", "num_key_value_heads", "num_heads", "num_kv_heads")
 
-# Bookkeeping kept beside the model, never on it (entries go with their module or parameter).
+# Bookkeeping kept beside the model, never on it (entries go with their module).
 _GLOBAL_HEADS: weakref.WeakKeyDictionary[nn.Module, dict[str, int]] = weakref.WeakKeyDictionary()
 _LOCAL_COMPUTE: weakref.WeakKeyDictionary[nn.Module, _LocalParameters] = (
     weakref.WeakKeyDictionary()
 )
-_GRAD_HOOKED = WeakIdKeyDictionary()  # parameter -> its post-accumulate-grad hook handle
 
 
 @dataclass(frozen=True)
@@ -340,11 +339,13 @@ def reduce_partial_gradients(model: nn.Module) -> None:
     A replicated norm weight applied to sequence-split tokens gets a Partial (per-rank sum)
     gradient. Left so, every optimizer op on it would all-reduce again, and
     ``clip_grad_norm_`` would see a partial; FSDP2 on top reduces it itself (its hook here then
-    finds the gradient already reduced).
+    finds the gradient already reduced). The hook does nothing on a gradient already in its
+    parameter's placement, so a second registration (a second call) is harmless; nothing is
+    kept about the parameters (a weak reference would stop ``module.to()`` from swapping them).
     """
     for param in model.parameters():
-        if isinstance(param, DTensor) and param not in _GRAD_HOOKED:
-            _GRAD_HOOKED[param] = param.register_post_accumulate_grad_hook(_redistribute_grad)
+        if isinstance(param, DTensor):
+            param.register_post_accumulate_grad_hook(_redistribute_grad)
 
 
 def _redistribute_grad(param: torch.Tensor) -> None:
