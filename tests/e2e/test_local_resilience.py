@@ -96,6 +96,11 @@ def test_a_killed_rank_restarts_every_host_and_reproduces_the_losses(reference, 
     (failed,) = description["FailedAttempts"]
     assert failed["Attempt"] == 1
     assert "rank 3" in failed["FailureReason"] and "SIGKILL" in failed["FailureReason"]
+    statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
+    assert statuses[statuses.index("Restarting") + 1] == "Training"
+    # the attempt's records were moved aside, so the next attempt was judged on its own
+    assert (job.job_dir.root / "hosts" / "algo-2" / "attempts" / "1" / "work").is_dir()
+    assert not job.job_dir.host_paths("algo-2").failure_file.exists()
     shown = [line for line in capsys.readouterr().out.splitlines()
              if "attempt 1 of 2 failed" in line]
     assert len(shown) == 1, shown
