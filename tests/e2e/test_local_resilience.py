@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtrain import Estimator
+from meshtrain import Estimator, JobFailedError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = 6
@@ -190,3 +190,18 @@ def test_a_rank_that_ignores_the_stop_is_killed_after_the_grace_period(env):
     assert job.describe()["TrainingJobStatus"] == "Stopped"
     assert "stop requested; not stopping" in "\n".join(job.log_lines())  # it got SIGTERM
     assert job.processes() == []
+
+
+def test_when_every_restart_fails_the_job_fails_with_the_last_attempts_reason(env, capsys):
+    estimator = Estimator("fail_every_attempt.py", source_dir=str(SCRIPTS),
+                          jobs_dir=str(env / "jobs"),
+                          distribution={"torch_distributed": {"max_restarts": 2}})
+    with pytest.raises(JobFailedError, match="attempt 3 lost its data"):
+        estimator.fit(job_name="hopeless")
+    description = estimator.latest_training_job.describe()
+    assert description["TrainingJobStatus"] == "Failed"
+    assert [a["Attempt"] for a in description["FailedAttempts"]] == [1, 2]
+    for attempt in description["FailedAttempts"]:
+        assert f"attempt {attempt['Attempt']} lost its data" in attempt["FailureReason"]
+    out = capsys.readouterr().out
+    assert out.count("of 3 failed: ") == 2  # one line per failed attempt that was restarted
