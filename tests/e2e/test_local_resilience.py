@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtrain import Estimator
+from meshtrain import Estimator, JobFailedError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = 6
@@ -96,6 +96,11 @@ def test_a_killed_rank_restarts_every_host_and_reproduces_the_losses(reference, 
     (failed,) = description["FailedAttempts"]
     assert failed["Attempt"] == 1
     assert "rank 3" in failed["FailureReason"] and "SIGKILL" in failed["FailureReason"]
+    statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
+    assert statuses[statuses.index("Restarting") + 1] == "Training"
+    # the attempt's records were moved aside, so the next attempt was judged on its own
+    assert (job.job_dir.root / "hosts" / "algo-2" / "attempts" / "1" / "work").is_dir()
+    assert not job.job_dir.host_paths("algo-2").failure_file.exists()
     shown = [line for line in capsys.readouterr().out.splitlines()
              if "attempt 1 of 2 failed" in line]
     assert len(shown) == 1, shown
@@ -185,3 +190,18 @@ def test_a_rank_that_ignores_the_stop_is_killed_after_the_grace_period(env):
     assert job.describe()["TrainingJobStatus"] == "Stopped"
     assert "stop requested; not stopping" in "\n".join(job.log_lines())  # it got SIGTERM
     assert job.processes() == []
+
+
+def test_when_every_restart_fails_the_job_fails_with_the_last_attempts_reason(env, capsys):
+    estimator = Estimator("fail_every_attempt.py", source_dir=str(SCRIPTS),
+                          jobs_dir=str(env / "jobs"),
+                          distribution={"torch_distributed": {"max_restarts": 2}})
+    with pytest.raises(JobFailedError, match="attempt 3 lost its data"):
+        estimator.fit(job_name="hopeless")
+    description = estimator.latest_training_job.describe()
+    assert description["TrainingJobStatus"] == "Failed"
+    assert [a["Attempt"] for a in description["FailedAttempts"]] == [1, 2]
+    for attempt in description["FailedAttempts"]:
+        assert f"attempt {attempt['Attempt']} lost its data" in attempt["FailureReason"]
+    out = capsys.readouterr().out
+    assert out.count("of 3 failed: ") == 2  # one line per failed attempt that was restarted

@@ -74,3 +74,12 @@ def check_restarts_supported(max_restarts: int, target: str) -> None:
             "by meshtrain; local jobs (the supervisor restarts every host) and Kubernetes "
             "PyTorchJobs (elasticPolicy.maxRestarts) are. Remove it, or resume from "
             "latest_checkpoint() in a new job.")
+
+
+def check_stop_grace_supported(grace_seconds: int, target: str, limit: int) -> None:
+    """A target that SIGKILLs `limit` seconds after SIGTERM refuses a longer grace period."""
+    if grace_seconds > limit:
+        raise ConfigError(
+            f"torch_distributed.stop_grace_seconds={grace_seconds}: {target} sends SIGKILL "
+            f"{limit} s after SIGTERM, so ranks cannot get {grace_seconds} s to save. Use at "
+            f"most {limit} (save more often, or asynchronously, if {limit} s is not enough).")

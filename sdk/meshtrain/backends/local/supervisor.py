@@ -259,6 +259,8 @@ class Supervisor:
                and not self.stop_requested.is_set()):
             restart_after_failure(self.job_dir, self.spec, attempt, reason or "", self.log_lock)
             attempt += 1
+            self.job_dir.add_transition("Training", f"Attempt {attempt} of "
+                                                    f"{self.max_restarts + 1} in progress")
             status, reason = self.run_attempt(attempt, deadline)
         self.job_dir.add_transition("Uploading", "Uploading generated training model")
         packing_error = package_artifacts(self.spec, self.job_dir) or upload_results(

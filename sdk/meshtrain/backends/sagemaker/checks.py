@@ -18,7 +18,7 @@ from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.degrees import resolve_degrees
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.contract.support import check_restarts_supported
+from meshtrain.contract.support import check_restarts_supported, check_stop_grace_supported
 from meshtrain.naming import check_job_name
 from meshtrain.plan.instances import gpus_per_instance
 
@@ -30,6 +30,7 @@ MAX_HYPERPARAMETERS, MAX_HP_KEY, MAX_HP_VALUE = 100, 256, 2500
 MAX_ENV, MAX_ENV_KEY, MAX_ENV_VALUE = 100, 512, 512
 MAX_TAGS, MAX_METRICS, MAX_CHANNELS = 50, 40, 20
 MAX_RUN_SECONDS = 28 * 24 * 3600
+SAGEMAKER_STOP_GRACE_SECONDS = 120  # StopTrainingJob: SIGTERM, then SIGKILL 120 s later
 IMAGE_URI_ENV = "MESHTRAIN_IMAGE_URI"
 INPUT_MODES = ("File", "Pipe", "FastFile")
 PLACEHOLDER_ACCOUNT = "0" * 12  # an account id always has 12 digits: lengths stay exact
@@ -251,6 +252,8 @@ def check_training_job(spec: JobSpec, options: SageMakerOptions, region: str | N
     check_stopping(spec)
     check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
                              "SageMaker")
+    check_stop_grace_supported(spec.distribution_config().torch_distributed.stop_grace_seconds,
+                               "SageMaker", SAGEMAKER_STOP_GRACE_SECONDS)
     check_resources(spec, region)
     check_locations(spec, options)
     check_environment(spec.environment)

@@ -410,6 +410,9 @@ ML_CASES = {
     "ml-max-restarts": ({"distribution": {"torch_distributed": {"enabled": True,
                                                                 "max_restarts": 2}}}, {},
                         "SageMaker jobs are not restarted"),
+    "ml-stop-grace": ({"distribution": {"torch_distributed": {"enabled": True,
+                                                              "stop_grace_seconds": 300}}}, {},
+                      "SageMaker sends SIGKILL 120 s after SIGTERM"),
 }
 
 # Valid arguments that must pass every check (Estimator + build_spec + backend.validate).
