@@ -83,3 +83,25 @@ def test_a_sagemaker_cell_runs_locally_with_s3_in_and_out(aws, tmp_path, monkeyp
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="results-bucket")["Contents"]}
     assert "out/local-cell/output/output.tar.gz" in keys
     assert {"ckpt/step-20-rank-0.txt", "ckpt/step-20-rank-1.txt"} <= keys
+
+
+def test_processes_per_host_defaults_to_this_machines_gpus_on_both_sides(monkeypatch, tmp_path):
+    from meshtrain import targets
+    from meshtrain.backends.local import supervisor
+    from meshtrain.backends.local.layout import JobDirectory
+    from meshtrain.contract.env import MESHTRAIN_NUM_GPUS
+
+    monkeypatch.delenv(MESHTRAIN_NUM_GPUS, raising=False)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text("")
+    cell = {"entry_point": "train.py", "source_dir": str(source), "instance_type": "local",
+            "distribution": {"torch_distributed": {"enabled": True}}}
+    for gpus, per_host in ((0, 1), (2, 2)):  # CPU: 1; else one process per GPU
+        monkeypatch.setattr(targets, "local_gpu_count", lambda gpus=gpus: gpus)
+        monkeypatch.setattr(supervisor, "local_gpu_count", lambda gpus=gpus: gpus)
+        estimator = PyTorch(instance_count=2, **cell)
+        assert estimator.world_size == 2 * per_host
+        spec = estimator.build_spec(job_name="gpus")
+        env = supervisor.host_environment(spec, JobDirectory(tmp_path / "job"), "algo-1", 1, "t")
+        assert env[MESHTRAIN_NUM_GPUS] == str(gpus)  # the hosts count what the client counted
