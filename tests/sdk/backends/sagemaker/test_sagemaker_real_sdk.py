@@ -71,7 +71,7 @@ def test_channel_objects_build_the_sdks_config():
     sdk = pytest.importorskip("sagemaker.inputs")
     for values in itertools.product(*GRID.values()):
         for kind in KINDS:
-            arguments = {**dict(zip(GRID, values)), **kind}
+            arguments = {**dict(zip(GRID, values, strict=True)), **kind}
             assert (drop_in.TrainingInput("s3://b/x", **arguments).config
                     == sdk.TrainingInput("s3://b/x", **arguments).config), arguments
     shuffled = {"shuffle_config": drop_in.ShuffleConfig(3)}
