@@ -25,7 +25,7 @@ FILE_SYSTEM_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 CHANNEL_KEYS = ("DataSource", "ContentType", "CompressionType", "RecordWrapperType", "InputMode",
                 "ShuffleConfig", "TargetAttributeName")
 S3_SOURCE_KEYS = ("S3DataType", "S3Uri", "S3DataDistributionType", "AttributeNames",
-                  "InstanceGroupNames")
+                  "InstanceGroupNames", "HubAccessConfig", "ModelAccessConfig")
 FS_SOURCE_KEYS = ("FileSystemId", "FileSystemType", "DirectoryPath", "FileSystemAccessMode")
 
 
@@ -50,6 +50,10 @@ def _check_s3_source(channel: str, source: Any) -> str:
     _one_of(channel, "s3_data_type", data_type, S3_DATA_TYPES)
     if "S3DataDistributionType" in source:
         _one_of(channel, "distribution", source["S3DataDistributionType"], DISTRIBUTIONS)
+    if "InstanceGroupNames" in source:
+        raise ConfigError(f"input channel {channel!r}: instance_groups name groups of a "
+                          "heterogeneous cluster, which meshtrain does not start: drop "
+                          "instance_groups (every host gets the channel).")
     names = source.get("AttributeNames")
     if names is not None:
         if data_type != "AugmentedManifestFile":

@@ -65,6 +65,8 @@ class TrainingInput:
         attribute_names: list[str] | None = None,
         target_attribute_name: str | None = None,
         shuffle_config: ShuffleConfig | None = None,
+        hub_access_config: dict[str, Any] | None = None,
+        model_access_config: dict[str, Any] | None = None,
     ) -> None:
         _optional("distribution", distribution, DISTRIBUTIONS)
         _optional("compression", compression, COMPRESSIONS)
@@ -91,6 +93,10 @@ class TrainingInput:
                 self.config[key] = value
         if shuffle_config is not None:
             self.config["ShuffleConfig"] = {"Seed": shuffle_config.seed}
+        if hub_access_config is not None:
+            source["HubAccessConfig"] = hub_access_config
+        if model_access_config is not None:
+            source["ModelAccessConfig"] = model_access_config
         channel_from_object("TrainingInput", self)  # every combination check, now
 
     def __repr__(self) -> str:

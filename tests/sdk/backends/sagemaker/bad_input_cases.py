@@ -328,13 +328,14 @@ _PATHS = {
                           "is not a directory"),
     "output-is-file": ({"output_path": lambda p: str(p.a_file)}, {}, "is not a directory"),
     "output-unwritable": ({"output_path": "/proc/1/out"}, {}, "not writable"),
-    "output-s3-local": ({"output_path": "s3://bucket/out"}, {}, "local jobs write to a local"),
+    # local jobs upload to / download from S3 (s3_staging.py): the URIs are still checked first
+    "output-s3-local": ({"output_path": "s3://b/out"}, {}, "not a valid S3 bucket name"),
     "checkpoint-under-file": ({"checkpoint_local_path": lambda p: str(p.a_file / "c")}, {},
                               "is not a directory"),
     "checkpoint-unwritable": ({"checkpoint_local_path": "/proc/1/ckpt"}, {}, "not writable"),
     "checkpoint-int": ({"checkpoint_local_path": 5}, {}, "checkpoint_local_path must be"),
     "checkpoint-s3-local": ({"checkpoint_s3_uri": "s3://b/ckpt"}, {},
-                            "not supported by local jobs"),
+                            "not a valid S3 bucket name"),
 }
 
 _KEYWORDS = {
@@ -345,9 +346,9 @@ _KEYWORDS = {
     "kw-max-runtime": ({"max_runtime": 5}, {}, "Did you mean 'max_run'"),
     "kw-entrypoint": ({"entrypoint": "train.py"}, {}, "Did you mean 'entry_point'"),
     "kw-nonsense": ({"zzz": 1}, {}, "unexpected keyword argument 'zzz'"),
-    "kw-subnets-local": ({"subnets": ["subnet-1"], "security_group_ids": ["sg-1"]}, {},
-                         "not honoured by local jobs"),
-    "kw-session-local": ({"sagemaker_session": object()}, {}, "not honoured by local jobs"),
+    # SageMaker-only arguments are ignored locally (a notebook runs as it is); Kubernetes' are not
+    "kw-namespace-local": ({"namespace": "team-a"}, {}, "not honoured by local jobs"),
+    "kw-kube-context-local": ({"kube_context": "prod"}, {}, "not honoured by local jobs"),
     "kw-jobs-dir-int": ({"jobs_dir": 5}, {}, "jobs_dir must be"),
     "kw-jobs-dir-under-file": ({"jobs_dir": lambda p: str(p.a_file / "jobs")}, {},
                                "is not a directory"),

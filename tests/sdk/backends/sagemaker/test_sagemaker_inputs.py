@@ -48,6 +48,8 @@ def test_every_training_input_option_and_fsx_reach_the_request(aws, source):
                                   s3_data_type="AugmentedManifestFile", compression="Gzip",
                                   record_wrapping="RecordIO", attribute_names=["source-ref"]),
         "fsx": FileSystemInput(*FSX, file_system_access_mode="rw", content_type="text/plain"),
+        "weights": TrainingInput("s3://data-bucket/weights", model_access_config={
+            "AcceptEula": True}),
     }
     estimator(source, **VPC).fit(inputs, job_name="inputs", wait=False)
     channels = {c["ChannelName"]: c for c in sent_request(aws)["InputDataConfig"]}
@@ -62,6 +64,9 @@ def test_every_training_input_option_and_fsx_reach_the_request(aws, source):
         "DataSource": {"S3DataSource": {
             "S3DataType": "AugmentedManifestFile", "S3Uri": "s3://data-bucket/aug.manifest",
             "S3DataDistributionType": "FullyReplicated", "AttributeNames": ["source-ref"]}}}
+    assert channels["weights"]["DataSource"]["S3DataSource"] == {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://data-bucket/weights",
+        "S3DataDistributionType": "FullyReplicated", "ModelAccessConfig": {"AcceptEula": True}}
     assert channels["fsx"] == {
         "ChannelName": "fsx", "ContentType": "text/plain",
         "DataSource": {"FileSystemDataSource": {
@@ -89,6 +94,7 @@ def test_a_single_file_system_input_is_channel_training_and_attach_keeps_it(aws,
     (lambda: TrainingInput("s3://b/x", compression="zip"), "Gzip"),
     (lambda: TrainingInput("s3://b/x", attribute_names=["a"]), "AugmentedManifestFile"),
     (lambda: ShuffleConfig("7"), "int"),
+    (lambda: TrainingInput("s3://b/x", instance_groups=["g"]), "heterogeneous cluster"),
     (lambda: FileSystemInput("fs-1", "FSxLustre", "/d"), "fs- then 8-40 hex"),
     (lambda: FileSystemInput(FSX[0], "Lustre", "/d"), "FSxLustre, EFS"),
     (lambda: FileSystemInput(FSX[0], "EFS", "data"), "absolute path"),

@@ -54,3 +54,30 @@ def test_cell_request_equals_the_sdk_request(aws, tmp_path, name):
     if user:
         request["AlgorithmSpecification"]["MetricDefinitions"] = sent[: len(user)]
     assert_fields_match(request, expected)
+
+
+GRID = {"distribution": [None, "FullyReplicated", "ShardedByS3Key"],
+        "compression": [None, "Gzip"], "content_type": [None, "text/csv"],
+        "record_wrapping": [None, "RecordIO"], "input_mode": [None, "File", "Pipe", "FastFile"]}
+KINDS = ({}, {"s3_data_type": "ManifestFile"}, {"target_attribute_name": "y"},
+         {"s3_data_type": "AugmentedManifestFile", "attribute_names": ["source-ref"]})
+
+
+def test_channel_objects_build_the_sdks_config():
+    """Only with the test-only extra installed (the real SDK in this environment): every
+    combination of TrainingInput options, and FileSystemInput, give the SDK's config."""
+    import itertools
+
+    sdk = pytest.importorskip("sagemaker.inputs")
+    for values in itertools.product(*GRID.values()):
+        for kind in KINDS:
+            arguments = {**dict(zip(GRID, values, strict=True)), **kind}
+            assert (drop_in.TrainingInput("s3://b/x", **arguments).config
+                    == sdk.TrainingInput("s3://b/x", **arguments).config), arguments
+    shuffled = {"shuffle_config": drop_in.ShuffleConfig(3)}
+    assert drop_in.TrainingInput("s3://b/x", **shuffled).config == sdk.TrainingInput(
+        "s3://b/x", shuffle_config=sdk.ShuffleConfig(3)).config
+    for system in ("EFS", "FSxLustre"):
+        arguments = ("fs-0123456789abcdef0", system, "/data", "rw", "text/csv")
+        assert drop_in.FileSystemInput(*arguments).config == sdk.FileSystemInput(
+            *arguments).config
