@@ -169,6 +169,7 @@ def check_backend_options(
         hint = did_you_mean(name, own) or did_you_mean(name, every_option)
         raise ConfigError(f"Estimator got an unexpected keyword argument {name!r}.{hint} "
                           f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local), "
+                          "volumes, shm_size (local_docker, local_gpu), "
                           "the SageMaker SDK's session options (ml.* types), namespace, "
                           "kube_context, kubeconfig, kind, code_in_image (k8s:* types).")
     options = _drop_sagemaker_options_locally(target, options)
@@ -184,6 +185,11 @@ def check_backend_options(
         from meshtrain.backends.sagemaker.options import build_options
 
         build_options(**options)  # checks values; starts no session and sends no request
+    if target.name in ("local_docker", "local_gpu"):
+        from meshtrain.backends.docker.volumes import parse_shm_size, parse_volumes
+
+        parse_volumes(options.get("volumes"))
+        parse_shm_size(options.get("shm_size"))
     jobs_dir = options.get("jobs_dir")
     if jobs_dir is not None:
         if not isinstance(jobs_dir, str | os.PathLike) or not str(jobs_dir) or "\x00" in str(

@@ -56,6 +56,7 @@ def _kubernetes_gpus(instance_type: str) -> int:
 
 
 KUBERNETES_PREFIX = "k8s:"
+DOCKER_OPTIONS = frozenset({"jobs_dir", "volumes", "shm_size"})
 KUBERNETES_OPTIONS = frozenset({"namespace", "kube_context", "kubeconfig", "kind",
                                 "code_in_image", "api_client"})
 
@@ -85,11 +86,15 @@ TARGET_KINDS: tuple[TargetKind, ...] = (
     TargetKind("local", "local", lambda t: t == "local", "meshtrain.backends.local:LocalBackend",
                gpus_per_host=lambda _: local_gpu_count(), options=lambda: frozenset({"jobs_dir"}),
                on_this_machine=True, example="'local' (processes on this machine)"),
-    TargetKind("local_gpu", "local", lambda t: t == "local_gpu",
-               "meshtrain.backends.local:LocalBackend",
+    TargetKind("local_docker", "local Docker", lambda t: t == "local_docker",
+               "meshtrain.backends.docker:DockerBackend", gpus_per_host=lambda _: 0,
+               options=lambda: DOCKER_OPTIONS, on_this_machine=True,
+               example="'local_docker' (one container per host on this machine)"),
+    TargetKind("local_gpu", "local Docker", lambda t: t == "local_gpu",
+               "meshtrain.backends.docker:DockerBackend",
                gpus_per_host=lambda _: local_gpu_count(),
-               options=lambda: frozenset({"jobs_dir"}), on_this_machine=True, max_hosts=1,
-               example="'local_gpu' (one host with this machine's GPUs)"),
+               options=lambda: DOCKER_OPTIONS, on_this_machine=True, max_hosts=1,
+               example="'local_gpu' (one container with this machine's GPUs)"),
     TargetKind("sagemaker", "SageMaker", lambda t: t.startswith("ml."),
                "meshtrain.backends.sagemaker:SageMakerBackend", gpus_per_host=_sagemaker_gpus,
                options=_sagemaker_options, on_this_machine=False,
@@ -101,7 +106,7 @@ TARGET_KINDS: tuple[TargetKind, ...] = (
                example="'k8s:' and a node type for Kubernetes, e.g. 'k8s:ml.p5.48xlarge'",
                hardware=lambda t: t.removeprefix(KUBERNETES_PREFIX)),
 )
-FIXED_NAMES = ("local", "local_gpu")
+FIXED_NAMES = ("local", "local_docker", "local_gpu")
 """The instance types that are names rather than patterns (for a did-you-mean)."""
 
 

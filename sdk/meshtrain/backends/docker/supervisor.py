@@ -1,0 +1,90 @@
+"""The process that runs one local Docker job: the local supervisor, with containers for hosts.
+
+Started detached by the Docker backend (``python -m meshtrain.backends.docker.supervisor DIR``).
+Everything the local supervisor does (merged `[algo-N]` log, stopping the others when one host
+fails, max_run, root-cause failure from the hosts' records, model.tar.gz / output.tar.gz) is
+inherited; only how a host starts and ends differs: each host is an attached `docker run` on the
+job's network, and the job's end (success, failure, stop) removes its containers and network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from meshtrain.backends.docker.containers import (
+    DockerSettings,
+    network_create_command,
+    run_command,
+    settings_file,
+)
+from meshtrain.backends.docker.engine import docker, docker_binary, remove_job_resources
+from meshtrain.backends.local.layout import JobDirectory
+from meshtrain.backends.local.processes import terminate_groups
+from meshtrain.backends.local.supervisor import TAIL_LINES, Supervisor
+
+CLI_GRACE_SECONDS = 10.0
+
+
+class DockerSupervisor(Supervisor):
+    """Runs the hosts of one job as containers and removes them when the job ends."""
+
+    def __init__(self, job_dir: JobDirectory) -> None:
+        super().__init__(job_dir)
+        self.settings = DockerSettings.from_json(settings_file(job_dir).read_text())
+
+    def start_hosts(self) -> list[threading.Thread]:
+        docker(*network_create_command(self.settings))
+        readers = []
+        for host in self.spec.hosts:
+            work_dir = self.job_dir.host_work_dir(host)
+            work_dir.mkdir(parents=True, exist_ok=True)
+            argv = run_command(self.settings, host, self.job_dir.host_paths(host).base,
+                               work_dir, dict(self.spec.environment))
+            proc = subprocess.Popen([docker_binary(), *argv], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            self.hosts[host] = proc
+            self.tails[host] = deque(maxlen=TAIL_LINES)
+            reader = threading.Thread(target=self._pump, args=(host, proc), daemon=True)
+            reader.start()
+            readers.append(reader)
+        return readers
+
+    def end_hosts(self) -> None:
+        """Remove the job's containers (which ends their `docker run`s) and its network."""
+        remove_job_resources(self.settings.token)
+        clients = [proc.pid for proc in self.hosts.values() if proc.poll() is None]
+        if clients:
+            terminate_groups(clients, CLI_GRACE_SECONDS)
+        for proc in self.hosts.values():
+            proc.wait()
+
+
+def main() -> None:
+    job_dir = JobDirectory(Path(sys.argv[1]))
+    token = job_dir.read_token()
+    try:
+        supervisor = DockerSupervisor(job_dir)
+        signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
+        signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
+        supervisor.run()
+    except BaseException as error:  # record it: a client waits on status.json
+        with contextlib.suppress(OSError):
+            job_dir.write_status(TrainingJobStatus="Failed", TrainingEndTime=time.time(),
+                                 FailureReason=f"InternalServerError: docker supervisor: "
+                                               f"{error!r}")
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            remove_job_resources(token)
+
+
+if __name__ == "__main__":
+    main()

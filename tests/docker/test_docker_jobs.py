@@ -1,0 +1,108 @@
+"""local_docker end to end against a real engine: quickstart parity with local processes,
+a failing host, stop() and Ctrl-C. Every test ends with no container or network of the job."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator, JobFailedError
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart"
+SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
+TWO_BY_TWO = {"torch_distributed": {"enabled": True, "processes_per_host": 2}}
+QUICKSTART_DISTRIBUTION = {**TWO_BY_TWO, "smdistributed": {"modelparallel": {
+    "enabled": True, "parameters": {"hybrid_shard_degree": 2}}}}
+LOSS = re.compile(r"train:loss=([-\d.eE+]+) step=(\d+)")
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def members(uri: str) -> dict[str, bytes]:
+    with tarfile.open(uri.removeprefix("file://")) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def run_quickstart(instance_type: str, options: dict) -> tuple[float, float, dict[int, float]]:
+    """(seconds from fit() to the first step's metric line, total seconds, loss by step)."""
+    estimator = Estimator("train.py", source_dir=str(QUICKSTART), instance_type=instance_type,
+                          instance_count=2, hyperparameters={"steps": 4, "lr": 3e-3},
+                          distribution=QUICKSTART_DISTRIBUTION, environment=ENV, **options)
+    start = time.monotonic()
+    job = estimator.fit(wait=False)
+    first_step = None
+    while first_step is None and job.describe()["TrainingJobStatus"] == "InProgress":
+        if any(LOSS.search(line) for line in job.log_lines()):
+            first_step = time.monotonic() - start
+        time.sleep(0.05)
+    job.wait(logs=False)
+    losses = {int(m.group(2)): float(m.group(1))
+              for m in map(LOSS.search, job.log_lines()) if m}
+    assert "model.pt" in " ".join(members(estimator.model_data))
+    return first_step or float("nan"), time.monotonic() - start, losses
+
+
+def test_quickstart_on_two_containers_matches_local_processes(docker_engine, home):
+    docker_first, docker_total, docker_losses = run_quickstart("local_docker",
+                                                               docker_engine.options())
+    local_first, local_total, local_losses = run_quickstart("local", {})
+    print(f"\nquickstart 2 hosts x 2 processes, fit() to first step: local_docker "
+          f"{docker_first:.1f} s, local processes {local_first:.1f} s "
+          f"(whole job {docker_total:.1f} s vs {local_total:.1f} s)")
+    assert sorted(docker_losses) == sorted(local_losses) == [0, 1, 2, 3]
+    for step, loss in local_losses.items():
+        assert docker_losses[step] == pytest.approx(loss, abs=1e-5)
+    assert docker_engine.daemon.docker("ps", "-aq").split() == []
+    assert docker_engine.daemon.docker("network", "ls", "-q", "--filter", "type=custom") == ""
+
+
+def test_a_failing_host_names_the_root_cause_and_leaves_nothing(docker_engine, home):
+    estimator = Estimator("fail_on_algo2.py", source_dir=str(SCRIPTS), instance_type="local_docker",
+                          instance_count=2, distribution=TWO_BY_TWO, environment=ENV,
+                          **docker_engine.options())
+    with pytest.raises(JobFailedError) as failure:
+        estimator.fit(logs=False)
+    reason = str(failure.value)
+    assert "loss became NaN at step 7 (on purpose)" in reason
+    assert "algo-2" in reason
+    job = estimator.latest_training_job
+    assert job.leftovers() == ([], [])
+    kept = members(estimator.model_data)  # written by every rank before rank 3 raised
+    assert {f"before-failure-{rank}.txt" for rank in range(4)} <= set(kept)
+
+
+def start_sleeping_job(docker_engine):
+    estimator = Estimator("sleep_forever.py", source_dir=str(SCRIPTS),
+                          instance_type="local_docker", instance_count=2,
+                          distribution=TWO_BY_TWO, environment=ENV, **docker_engine.options())
+    job = estimator.fit(wait=False)
+    deadline = time.monotonic() + 240
+    while not any("running rank 3" in line for line in job.log_lines()):
+        assert time.monotonic() < deadline, "the job did not start"
+        assert job.describe()["TrainingJobStatus"] == "InProgress"
+        time.sleep(0.1)
+    assert len(job.leftovers()[0]) == 2  # both containers run
+    return job
+
+
+def test_stop_mid_job_removes_its_containers_and_network(docker_engine, home):
+    job = start_sleeping_job(docker_engine)
+    job.stop()
+    assert job.describe()["TrainingJobStatus"] == "Stopped"
+    assert job.leftovers() == ([], [])
+
+
+def test_ctrl_c_in_wait_stops_the_job_and_removes_everything(docker_engine, home):
+    job = start_sleeping_job(docker_engine)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt, match="was stopped"):
+        job.wait(logs=False)
+    assert job.describe()["TrainingJobStatus"] == "Stopped"
+    assert job.leftovers() == ([], [])
