@@ -178,6 +178,46 @@ def test_smp_v2_script_resumes_where_it_stopped(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_stop_resume_and_restart(tmp_path):
+    """One run of the example: uninterrupted, stopped, resumed and restarted jobs."""
+    checkpoints = tmp_path / "checkpoints"
+    stdout = run_example("stop_and_resume/launch.py", tmp_path, "--checkpoint-dir",
+                         str(checkpoints))
+    jobs = dict(zip(["uninterrupted", "stopped", "resumed", "restarted"],
+                    [output_json(model, "losses.json") for model in artifacts(stdout)],
+                    strict=True))
+    reference = jobs["uninterrupted"]
+    assert reference["steps"] == list(range(10)) and reference["resumed_from"] is None
+    expected = dict(zip(reference["steps"], reference["train:loss"], strict=True))
+    assert expected[9] < 0.8 * expected[0], expected
+    # (a) stopped mid-training: the script saw stop_requested(), saved that step and exited
+    assert re.search(r"2 stopped: \S+ Stopped \(StopRequested", stdout), stdout[-3000:]
+    stopped = jobs["stopped"]
+    saved = stopped["stopped_at"]
+    assert 2 <= saved < 9 and stopped["steps"] == list(range(saved + 1)), stopped
+    assert f"stop requested: saved step {saved}, exiting" in stdout
+    names = {p.name for p in (checkpoints / f"step_{saved:08d}").iterdir()}
+    assert {".metadata", "meshtrain-checkpoint.json"} <= names, names  # complete: the marker
+    assert {f"__{rank}_0.distcp" for rank in range(4)} <= names, names  # and every rank's shard
+    assert f"step_{saved:08d}: 4 shards, complete" in stdout
+    # (b) a new job on the same checkpoint_local_path goes on from the step after it
+    resumed = jobs["resumed"]
+    assert f"attempt 1: resumed from step {saved} ({checkpoints / f'step_{saved:08d}'})" in stdout
+    assert resumed["resumed_from"] == saved and resumed["steps"] == list(range(saved + 1, 10))
+    # (c) max_restarts=1: the last rank died after step 4, attempt 2 resumed from step 3's save
+    assert re.search(r"4 restarted: \S+ Completed", stdout), stdout[-3000:]
+    assert "attempt 1 failed:" in stdout and "simulating a crash after step 4" in stdout
+    restarted = jobs["restarted"]
+    assert "attempt 2: resumed from step 3" in stdout
+    assert restarted["resumed_from"] == 3 and restarted["steps"] == list(range(4, 10))
+    # the same seed and data: every job's losses are the uninterrupted run's
+    for name in ("stopped", "resumed", "restarted"):
+        got = dict(zip(jobs[name]["steps"], jobs[name]["train:loss"], strict=True))
+        assert got == pytest.approx({step: expected[step] for step in got}, abs=1e-5), name
+
+
+@pytest.mark.e2e
 def test_sagemaker_launch_against_moto(aws, tmp_path):
     bucket = "meshtrain-example-bucket"
     boto3.client("s3").create_bucket(

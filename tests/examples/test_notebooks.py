@@ -7,6 +7,7 @@ fails the test with the cell's traceback; the executed notebook must hold its pl
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,10 @@ from sagemaker_moto import ROLE
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "examples" / "notebooks"
-NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout"]
+NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout", "stop_and_resume"]
 # how many plots each notebook draws (one per figure)
-PLOTS = {"quickstart": 1, "planning": 3, "sagemaker": 1, "resume_other_layout": 1}
+PLOTS = {"quickstart": 1, "planning": 3, "sagemaker": 1, "resume_other_layout": 1,
+         "stop_and_resume": 1}
 
 
 @pytest.fixture
@@ -106,3 +108,12 @@ def test_resume_notebook(home):
     check_ran(execute("resume_other_layout"), "resume_other_layout")
     assert len(list((home / "jobs").iterdir())) == 3
     assert len(list(home.glob("meshtrain-ckpt-*/step_*"))) == 4  # 6 and 12, and the reference's
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_stop_and_resume_notebook(home):
+    check_ran(execute("stop_and_resume"), "stop_and_resume")
+    statuses = sorted(json.loads((job / "status.json").read_text())["TrainingJobStatus"]
+                      for job in (home / "jobs").iterdir())
+    assert statuses == ["Completed", "Completed", "Stopped"]
