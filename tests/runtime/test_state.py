@@ -45,6 +45,9 @@ def test_single_plain_process_is_a_world_of_one(single_process_runtime) -> None:
     assert (state.rank, state.world_size, state.local_rank) == (0, 1, 0)
     assert state.mesh.mesh_dim_names == ("replicate", "shard", "tp")
     assert tuple(state.mesh.shape) == (1, 1, 1)
+    assert state.mesh is state.meshes.dense  # views of the one world mesh (meshtrain_runtime.mesh)
+    assert state.world_mesh.mesh_dim_names == ("world",) and state.world_mesh.size() == 1
+    assert state.dp_mesh.mesh_dim_names == ("dp",) and state.dp_mesh.size() == 1
     assert state.sharding_strategy == "no_shard"  # one rank: nothing to shard
     assert (state.hybrid_shard_degree, state.replicate_degree) == (1, 1)
     assert (state.tp_size, state.tp_rank, state.ep_size, state.ep_rank) == (1, 0, 1, 0)
