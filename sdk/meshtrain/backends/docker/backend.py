@@ -7,6 +7,7 @@ See docs/docker.md.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import secrets
 import shutil
@@ -155,6 +156,13 @@ def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str) -> None:
 class DockerTrainingJob(LocalTrainingJob):
     """Handle of a local Docker job: the local job's, and stop() also removes what a dead
     supervisor left on the engine (the job's containers and network, found by its token)."""
+
+    def describe(self) -> dict[str, Any]:
+        description = super().describe()
+        with contextlib.suppress(OSError, ValueError):
+            image = DockerSettings.from_json(settings_file(self.job_dir).read_text()).image
+            description["AlgorithmSpecification"]["TrainingImage"] = image
+        return description
 
     def stop(self) -> None:
         super().stop()
