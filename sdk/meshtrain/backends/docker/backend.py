@@ -34,6 +34,7 @@ from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.targets import local_gpu_count
 
 SUPERVISOR_MODULE = "meshtrain.backends.docker.supervisor"
 
@@ -58,6 +59,10 @@ class DockerBackend(LocalBackend):
         if spec.instance_type == "local_gpu" and spec.instance_count != 1:
             raise ConfigError(f"instance_type='local_gpu' runs one host with this machine's "
                               f"GPUs, got instance_count={spec.instance_count}. Use 1.")
+        if spec.instance_type == "local_gpu" and local_gpu_count() == 0:
+            raise ConfigError("instance_type='local_gpu' passes this machine's GPUs to the "
+                              "container, but nvidia-smi lists none here. Use "
+                              "instance_type='local_docker' (CPU) or run on a GPU machine.")
         docker_binary()
 
     def submit(self, spec: JobSpec) -> LocalTrainingJob:
