@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.plan.cli import register as register_plan
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_job_commands(sub)
     register_plan(sub)
     _add_k8s(sub)
+    register_image(sub)
     return parser
 
 

@@ -69,3 +69,20 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     return tmp_path / "home"
+
+
+@pytest.fixture(scope="session")
+def meshtrain_image(docker_engine: Engine) -> str:
+    """meshtrain's own CPU image (mmdebstrap root file system + torch, then meshtrain's layer),
+    built once per run without any registry."""
+    import shutil
+    import time
+
+    from meshtrain.backends.docker.image import build_image
+
+    if shutil.which("mmdebstrap") is None:
+        pytest.skip("docker tier: no mmdebstrap to build meshtrain's image (.ci/run installs it)")
+    start = time.monotonic()
+    tag = build_image()
+    print(f"\nmeshtrain's CPU image {tag} built in {time.monotonic() - start:.0f} s")
+    return tag

@@ -99,8 +99,20 @@ def stop_daemon(daemon: Daemon) -> None:
         os.waitpid(daemon.pid, 0)
     _unmount_under(daemon.root)
     shutil.rmtree(daemon.root, ignore_errors=True)
-    if daemon.created_run_docker:
+    if daemon.created_run_docker and not _other_dockerd_running():
         shutil.rmtree(RUN_DOCKER, ignore_errors=True)
+
+
+def _other_dockerd_running() -> bool:
+    """Another engine on this machine (another test run, the system's) may use /run/docker."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:
+            continue
+        if fields[1] == "(dockerd)" and fields[2] != "Z":
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:

@@ -48,6 +48,18 @@ def test_local_gpu_passes_every_gpu_as_a_device_request(tmp_path):
     assert gpu_arguments(2) == ["--gpus", "2"] and gpu_arguments(0) == []
 
 
+def test_local_gpu_without_gpus_is_a_config_error_before_anything_exists(tmp_path,
+                                                                           monkeypatch):
+    import meshtrain.backends.docker.backend as backend
+
+    monkeypatch.setattr(backend, "local_gpu_count", lambda: 0)
+    estimator = Estimator("train.py", source_dir=str(QUICKSTART), instance_type="local_gpu",
+                          jobs_dir=str(tmp_path / "jobs"), image_uri="img:1")
+    with pytest.raises(ConfigError, match="nvidia-smi lists none"):
+        estimator.fit(wait=False)
+    assert not (tmp_path / "jobs").exists()
+
+
 def test_local_gpu_is_one_host(tmp_path):
     with pytest.raises(ConfigError, match="instance_count"):
         Estimator("train.py", source_dir=str(QUICKSTART), instance_type="local_gpu",

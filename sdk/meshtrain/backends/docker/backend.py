@@ -7,6 +7,7 @@ See docs/docker.md.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import secrets
 import shutil
@@ -33,6 +34,7 @@ from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.targets import local_gpu_count
 
 SUPERVISOR_MODULE = "meshtrain.backends.docker.supervisor"
 
@@ -57,6 +59,10 @@ class DockerBackend(LocalBackend):
         if spec.instance_type == "local_gpu" and spec.instance_count != 1:
             raise ConfigError(f"instance_type='local_gpu' runs one host with this machine's "
                               f"GPUs, got instance_count={spec.instance_count}. Use 1.")
+        if spec.instance_type == "local_gpu" and local_gpu_count() == 0:
+            raise ConfigError("instance_type='local_gpu' passes this machine's GPUs to the "
+                              "container, but nvidia-smi lists none here. Use "
+                              "instance_type='local_docker' (CPU) or run on a GPU machine.")
         docker_binary()
 
     def submit(self, spec: JobSpec) -> LocalTrainingJob:
@@ -155,6 +161,13 @@ def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str) -> None:
 class DockerTrainingJob(LocalTrainingJob):
     """Handle of a local Docker job: the local job's, and stop() also removes what a dead
     supervisor left on the engine (the job's containers and network, found by its token)."""
+
+    def describe(self) -> dict[str, Any]:
+        description = super().describe()
+        with contextlib.suppress(OSError, ValueError):
+            image = DockerSettings.from_json(settings_file(self.job_dir).read_text()).image
+            description["AlgorithmSpecification"]["TrainingImage"] = image
+        return description
 
     def stop(self) -> None:
         super().stop()

@@ -1,7 +1,7 @@
 """meshtrain's CreateTrainingJob equals the real SageMaker Python SDK's, launcher cell by cell.
 
 golden/sdk/*.json were written by real_sdk/make_golden.py with SageMaker Python SDK 2.257.7
-(the test-only extra ``sagemaker-sdk``) against moto; here the same cells (real_sdk/cells.py)
+(test-only, in the ``dev`` extra) against moto; here the same cells (real_sdk/cells.py)
 go through `meshtrain.sagemaker.PyTorch` against moto over HTTP, and the request moto received
 must equal the SDK's field by field: TrainingImage from the versions, FileSystemDataSource, the
 TrainingInput options, hyperparameters, checkpoint, VPC, debugger and profiler settings. The one

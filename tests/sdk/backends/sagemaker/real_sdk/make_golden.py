@@ -5,7 +5,7 @@ against moto serving HTTP on 127.0.0.1 (the tests' RecordingMotoServer); the req
 received is written to ``golden/sdk/<cell>.json`` with the SDK version. Run it in an environment
 with the test-only extra and the dev tools:
 
-    pip install -e '.[dev,sagemaker-sdk]'
+    pip install -e '.[dev]'
     python tests/sdk/backends/sagemaker/real_sdk/make_golden.py
 """
 

@@ -1,6 +1,6 @@
 """Write meshtrain's AWS PyTorch training-image table from the real SageMaker Python SDK.
 
-Run with the test-only extra installed (``pip install -e '.[sagemaker-sdk]'``):
+Run with the test extras installed (``pip install -e '.[dev]'``, which holds the SDK):
 
     python tests/sdk/backends/sagemaker/real_sdk/make_image_table.py
 
