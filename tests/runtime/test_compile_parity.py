@@ -66,8 +66,9 @@ def test_compiled_loss_matches_uncompiled(records: dict[str, dict[str, Any]], ca
 
 @pytest.mark.multiprocess
 def test_tp_compile_still_needs_the_wait(records: dict[str, dict[str, Any]]) -> None:
-    """torch 2.13: a compiled TP block given the embedding's AsyncCollectiveTensor returns a
-    plain gradient to DTensor's Redistribute backward. If this fails, torch no longer needs
+    """torch 2.13, TP alone: with the embedding's AsyncCollectiveTensor fed to a compiled
+    block, the embedding's Redistribute backward receives a plain-tensor gradient and raises.
+    If this fails, torch no longer needs
     `_plain_collective_inputs`: remove it (and this test)."""
     record = records[UNFIXED]
     assert "error" not in record, record.get("error")

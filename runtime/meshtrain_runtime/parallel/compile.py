@@ -13,7 +13,8 @@ Tensor parallelism: torch's TP styles end a region with an asynchronous collecti
 hands the first block an ``AsyncCollectiveTensor``. Given such an input, the backward of the
 embedding's ``Redistribute`` (behind the compiled block) receives a plain-tensor gradient
 where it needs a DTensor (torch 2.13: ``AttributeError: 'Tensor' object has no attribute
-'_local_tensor'`` in ``NestedRedistribute.forward``). Each compiled block therefore waits for
+'_local_tensor'`` in ``NestedRedistribute.forward``; measured with TP alone, not with
+FSDP2 over the blocks as well). Each compiled block therefore waits for
 such inputs first (a copy; eager, before the compiled code), as `_plain_collective_inputs` does.
 """
 
