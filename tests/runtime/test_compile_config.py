@@ -112,7 +112,7 @@ def test_fp8_gpu_branches(monkeypatch: pytest.MonkeyPatch, capability: tuple[int
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"tensor_parallel_degree": 2}, "tensor_parallel_degree=2"),
+    ({"tensor_parallel_degree": 2, "activation_checkpointing": True}, "DunderDictVariable"),
     ({"expert_parallel_degree": 2, "activation_checkpointing": True}, "data-dependent"),
 ])
 def test_compile_refusals_with_tp_and_ep_checkpointing(kwargs: dict, match: str) -> None:
@@ -123,3 +123,5 @@ def test_compile_refusals_with_tp_and_ep_checkpointing(kwargs: dict, match: str)
                       **kwargs)
     check_compile(blocks=[nn.Linear(2, 2)], device_type="cpu", activation_offloading=False,
                   expert_parallel_degree=2)  # EP without checkpointing is supported
+    check_compile(blocks=[nn.Linear(2, 2)], device_type="cpu", activation_offloading=False,
+                  tensor_parallel_degree=2)  # so is TP

@@ -7,6 +7,15 @@ the block's TP/EP layout and its checkpoint) and before FSDP2 (FSDP's hooks are 
 dynamo and run eagerly around each compiled block, so its all-gathers and reduce-scatters keep
 overlapping as without compile). Compilation is lazy: the first forward and backward pay for
 it; `CompileTimer` logs that first step's time once on stderr.
+
+Tensor parallelism: torch's TP styles end a region with an asynchronous collective
+(``redistribute(..., async_op=True)`` then ``to_local()``), so the vocab-parallel embedding
+hands the first block an ``AsyncCollectiveTensor``. Given such an input, the backward of the
+embedding's ``Redistribute`` (behind the compiled block) receives a plain-tensor gradient
+where it needs a DTensor (torch 2.13: ``AttributeError: 'Tensor' object has no attribute
+'_local_tensor'`` in ``NestedRedistribute.forward``; measured with TP alone, not with
+FSDP2 over the blocks as well). Each compiled block therefore waits for
+such inputs first (a copy; eager, before the compiled code), as `_plain_collective_inputs` does.
 """
 
 from __future__ import annotations
@@ -14,10 +23,12 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.utils._pytree import tree_map
 
 from meshtrain.contract.errors import ConfigError
 
@@ -39,13 +50,18 @@ def check_compile(
             "compile=True compiles each transformer block, but no blocks were found. Pass them, "
             "e.g. transform(model, blocks=list(model.layers)), or set compile=False."
         )
-    if tensor_parallel_degree > 1:
+    if tensor_parallel_degree > 1 and activation_checkpointing:
         raise ConfigError(
-            f"compile=True with tensor_parallel_degree={tensor_parallel_degree}: compiled "
-            "tensor-parallel blocks fail in backward in this build (DTensor's redistribute "
-            "backward receives a plain tensor; measured with torch 2.13 on gloo), and under "
-            "activation checkpointing dynamo falls back to eager for the whole block. Set "
-            "compile=False, or tensor_parallel_degree=1."
+            f"compile=True with tensor_parallel_degree={tensor_parallel_degree} and "
+            "activation_checkpointing=True: inside a checkpointed block dynamo refuses the "
+            "side effect of the tensor-parallel norms (their replicated weights are swapped "
+            "for local tensors: 'HOP: Unsafe side effect ... Attempted to mutate "
+            "DunderDictVariable'), so the whole block would run eagerly and compile would do "
+            "nothing; allowing it (torch._dynamo.config."
+            "skip_fwd_side_effects_in_bwd_under_checkpoint) fails in AOTAutograd on torch 2.13 "
+            "('expected all tensors_saved_with_vc_check to be Tensors': a DeviceMesh is "
+            "saved). Set activation_checkpointing=False (compile then covers the whole "
+            "tensor-parallel block) or compile=False."
         )
     if expert_parallel_degree > 1 and activation_checkpointing:
         raise ConfigError(
@@ -86,8 +102,25 @@ def apply_compile(
     """Compile every block in place; attach a `CompileTimer` to `model`. Returns `model`."""
     for block in blocks:
         block.compile(backend=backend)
+        block._compiled_call_impl = _plain_collective_inputs(block._compiled_call_impl)
     CompileTimer(len(blocks)).attach(model)
     return model
+
+
+def _wait(value: Any) -> Any:
+    # clone() goes through AsyncCollectiveTensor's dispatch (wait, unwrap) and through autograd,
+    # so the gradient still reaches the to_local() that produced the input.
+    return value.clone() if isinstance(value, AsyncCollectiveTensor) else value
+
+
+def _plain_collective_inputs(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiled` (a block's compiled call), called with every pending-collective tensor among
+    its inputs replaced by a plain copy (see the module docstring: TP's embedding output)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return compiled(*tree_map(_wait, args), **tree_map(_wait, kwargs))
+
+    return call
 
 
 class CompileTimer:
