@@ -1,7 +1,10 @@
 """Hang diagnosis: `torch_distributed.hang_timeout` seconds without progress on a rank.
 
 Progress is an optimizer step (a global post-step hook, registered once the script has imported
-torch) or a call to :func:`progress`. When a rank makes none for `hang_timeout` seconds, its
+torch) or a call to :func:`progress`. The clock starts at a rank's first progress: importing,
+building the model, loading data and the first step (with its compile) take as long as they take
+(a hang before it meets torch's own collective timeout). When a rank then makes none for
+`hang_timeout` seconds, its
 watchdog thread dumps every thread's Python stack into the rank's log and failure record and
 tells apart the two kinds of stuck rank:
 
@@ -46,7 +49,7 @@ class HangWatchdog:
     def __init__(self, timeout: float, *, main_thread: threading.Thread | None = None) -> None:
         self.timeout = timeout
         self.main = main_thread or threading.main_thread()
-        self.last = time.monotonic()
+        self.last: float | None = None  # armed by the first progress
         self._hooked = False
 
     def progress(self) -> None:
@@ -69,7 +72,7 @@ class HangWatchdog:
         while True:
             time.sleep(min(1.0, self.timeout / 10))
             self._hook_optimizers()
-            if time.monotonic() - self.last >= self.timeout:
+            if self.last is not None and time.monotonic() - self.last >= self.timeout:
                 self.report()
                 return
 

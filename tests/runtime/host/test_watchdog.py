@@ -30,22 +30,38 @@ PROBE = textwrap.dedent("""
     from meshtrain_runtime.host import watchdog
     os.environ["MESHTRAIN_HANG_TIMEOUT"] = "0.5"
     watchdog.start_from_env()
+    time.sleep(1.5)  # start-up slower than the timeout: not a hang, the clock is not running
+    watchdog.progress()  # the first step
     time.sleep(30)  # the stuck line
 """)
 
 
-def test_a_stuck_rank_records_its_stack_and_exits(tmp_path):
+def run_probe(tmp_path, source: str) -> subprocess.CompletedProcess:
     env = {"RANK": "1", "MESHTRAIN_RANK_ERROR_DIR": str(tmp_path), "SM_CURRENT_HOST": "algo-2",
            "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
-    script = tmp_path / "stuck.py"
-    script.write_text(PROBE)
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+    script = tmp_path / "probe.py"
+    script.write_text(source)
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=60)
+
+
+def test_a_stuck_rank_records_its_stack_and_exits(tmp_path):
+    done = run_probe(tmp_path, PROBE)
     assert done.returncode == 1
     record = json.loads((tmp_path / "rank-1.json").read_text())
     assert record["message"].startswith("Hang: no progress for 0.5 s and not in a collective")
     assert "time.sleep(30)" in record["traceback"] and record["host"] == "algo-2"
     assert "time.sleep(30)" in done.stderr
+    assert "time.sleep(1.5)" not in record["traceback"]
+
+
+def test_start_up_before_the_first_progress_is_not_a_hang(tmp_path):
+    """Imports, model building and the first step's compile may take longer than the timeout."""
+    slow_start = PROBE.replace("watchdog.progress()  # the first step\n", "").replace(
+        "time.sleep(30)  # the stuck line", "print('started')")
+    done = run_probe(tmp_path, slow_start)
+    assert done.returncode == 0, done.stderr
+    assert "started" in done.stdout and not (tmp_path / "rank-1.json").exists()
 
 
 def test_the_waiting_rank_is_a_consequence_and_the_stuck_one_the_root_cause():
