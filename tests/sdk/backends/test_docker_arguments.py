@@ -17,6 +17,7 @@ from meshtrain.backends.docker.containers import (
     run_command,
     shm_size_for,
 )
+from meshtrain.backends.docker.supervisor import host_environment
 from meshtrain.backends.docker.volumes import parse_shm_size, parse_volumes
 from meshtrain.backends.local.layout import JobDirectory
 from meshtrain.contract.env import BOOTSTRAP_MODULE, MESHTRAIN_JOB_TOKEN
@@ -84,6 +85,23 @@ def test_each_host_is_a_named_container_on_the_jobs_network(tmp_path):
     assert env["MESHTRAIN_MASTER_ADDR"] == "algo-1" and env["SAGEMAKER_BASE_DIR"] == "/opt/ml"
     assert MESHTRAIN_JOB_TOKEN not in env  # the bootstrap must not wait for a supervisor parent
     assert argv[-4:] == ["some/image:1", "python3", "-m", BOOTSTRAP_MODULE]
+
+
+def test_hosts_share_the_jobs_checkpoint_folder_and_know_their_attempt(tmp_path):
+    """As with local processes: one checkpoint folder for every host (mounted read-write at the
+    same path, named by SM_CHECKPOINT_DIR), and MESHTRAIN_ATTEMPT for a restarted job."""
+    job = settings(tmp_path, "local_docker", count=2)
+    folder = str(tmp_path / "job-x" / "checkpoints")
+    assert any(m.source == folder and m.target == folder and not m.read_only for m in job.mounts)
+    estimator = Estimator("train.py", source_dir=str(QUICKSTART), instance_type="local_docker",
+                          instance_count=2, distribution=TWO_PROCESSES, jobs_dir=str(tmp_path),
+                          environment={"MY_VAR": "1"})
+    spec = estimator.build_spec(None, "job-x")
+    env = host_environment(spec, JobDirectory(tmp_path / "job-x"), attempt=2)
+    argv = run_command(job, "algo-2", tmp_path / "opt", tmp_path / "work", env)
+    passed = dict(value.split("=", 1) for value in arguments(argv, "--env"))
+    assert passed["SM_CHECKPOINT_DIR"] == folder and passed["MESHTRAIN_ATTEMPT"] == "2"
+    assert passed["MY_VAR"] == "1"
 
 
 def test_settings_survive_the_job_directory(tmp_path):

@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import secrets
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +23,11 @@ from meshtrain.backends.docker.containers import (
 )
 from meshtrain.backends.docker.engine import check_engine, docker_binary, remove_job_resources
 from meshtrain.backends.docker.volumes import parse_shm_size, parse_volumes
-from meshtrain.backends.local.backend import LocalBackend, LocalTrainingJob, _os_error_reason
-from meshtrain.backends.local.layout import JobDirectory, local_path, prepare_host
-from meshtrain.contract.archive import write_sourcedir_tarball
-from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
-from meshtrain.contract.errors import ConfigError, JobFailedError
+from meshtrain.backends.local.backend import LocalBackend, LocalTrainingJob
+from meshtrain.backends.local.layout import JobDirectory, checkpoint_folder, local_path
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.targets import local_gpu_count
-
-SUPERVISOR_MODULE = "meshtrain.backends.docker.supervisor"
 
 
 class DockerBackend(LocalBackend):
@@ -47,6 +38,7 @@ class DockerBackend(LocalBackend):
     """
 
     name = "local_docker"
+    supervisor_module = "meshtrain.backends.docker.supervisor"
 
     def __init__(self, jobs_dir: str | Path | None = None, volumes: Any = None,
                  shm_size: Any = None, **_ignored: Any) -> None:
@@ -65,35 +57,18 @@ class DockerBackend(LocalBackend):
                               "instance_type='local_docker' (CPU) or run on a GPU machine.")
         docker_binary()
 
-    def submit(self, spec: JobSpec) -> LocalTrainingJob:
-        """Check the engine and the image, then lay the job out as the local backend does and
-        start its supervisor, which runs the containers. Nothing exists before the checks."""
-        self.validate(spec)
+    def resolve_spec(self, spec: JobSpec) -> JobSpec:
+        """The engine must answer and the image exist (built on first use) before anything is
+        made; the spec records the image the hosts run."""
         check_engine()
-        image = spec.image_uri or _default_image()
-        spec, job_dir = self._create_job_directory(spec)
-        token = secrets.token_hex(16)
-        try:
-            job_dir.token_file.write_text(token)
-            job_dir.spec_file.write_text(spec.to_json())
-            write_sourcedir_tarball(Path(spec.source_dir), job_dir.sourcedir_tarball,
-                                    [Path(d) for d in spec.dependencies])
-            for host in spec.hosts:
-                prepare_host(spec, job_dir, host)
-            settings = self.settings_for(spec, job_dir, token, image)
-            settings_file(job_dir).write_text(settings.to_json())
-            job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time(),
-                                 SecondaryStatusTransitions=[])
-            job_dir.add_transition("Starting", f"Starting the training job in {image}")
-            job_dir.log_file.touch()
-            _start_supervisor(job_dir, spec.job_name, token)
-        except OSError as error:
-            shutil.rmtree(job_dir.root, ignore_errors=True)
-            raise JobFailedError(spec.job_name, _os_error_reason(job_dir.root, error)) from None
-        except BaseException:
-            shutil.rmtree(job_dir.root, ignore_errors=True)
-            raise
-        return DockerTrainingJob(spec.job_name, job_dir)
+        return spec.model_copy(update={"image_uri": spec.image_uri or _default_image()})
+
+    def prepare_job(self, spec: JobSpec, job_dir: JobDirectory, token: str) -> None:
+        settings_file(job_dir).write_text(
+            self.settings_for(spec, job_dir, token, spec.image_uri or "").to_json())
+
+    def starting_message(self, spec: JobSpec) -> str:
+        return f"Starting the training job in {spec.image_uri}"
 
     def settings_for(self, spec: JobSpec, job_dir: JobDirectory, token: str,
                      image: str) -> DockerSettings:
@@ -113,9 +88,11 @@ class DockerBackend(LocalBackend):
 
 def job_mounts(spec: JobSpec, job_dir: JobDirectory) -> list[Mount]:
     """The code tarball and every input channel, read-only at the paths the hosts' /opt/ml
-    files and links name (so the /opt/ml tree is the local backend's, unchanged)."""
+    files and links name (so the /opt/ml tree is the local backend's, unchanged), and the job's
+    one checkpoint folder, read-write (SM_CHECKPOINT_DIR names the same path inside)."""
     source = job_dir.sourcedir_tarball.parent
-    mounts = [Mount(str(source), str(source))]
+    checkpoints = str(checkpoint_folder(spec, job_dir))
+    mounts = [Mount(str(source), str(source)), Mount(checkpoints, checkpoints, read_only=False)]
     for uri in spec.inputs.values():
         path = str(local_path(uri).resolve())
         mounts.append(Mount(path, path))
@@ -139,23 +116,6 @@ def _default_image() -> str:
     from meshtrain.backends.docker.image import ensure_default_image
 
     return ensure_default_image()
-
-
-def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str) -> None:
-    """The job's supervisor, detached (the job outlives this client), as the local backend's."""
-    import os
-
-    env = {**os.environ, MESHTRAIN_JOB_NAME: job_name, MESHTRAIN_JOB_TOKEN: token}
-    with open(job_dir.root / "supervisor.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", SUPERVISOR_MODULE, str(job_dir.root)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        job_dir.supervisor_pid_file.write_text(str(proc.pid))
-    except OSError:
-        proc.kill()
-        proc.wait()
-        raise
 
 
 class DockerTrainingJob(LocalTrainingJob):

@@ -46,6 +46,17 @@ def image_exists(image: str) -> bool:
     return bool(docker("images", "--quiet", image).strip())
 
 
+def stop_job_containers(token: str, grace_seconds: float) -> None:
+    """`docker stop` the job's running containers: SIGTERM to each host's bootstrap (which passes
+    it to torchrun and the ranks), SIGKILL after `grace_seconds`."""
+    from meshtrain.backends.docker.containers import containers_of_job_command
+
+    running = docker(*containers_of_job_command(token), "--filter", "status=running").split()
+    if running:
+        docker("stop", "--time", str(int(grace_seconds)), *running,
+               timeout=grace_seconds + QUICK_TIMEOUT, check=False)
+
+
 def remove_job_resources(token: str) -> tuple[int, int]:
     """Force-remove every container, then every network, labelled with the job's token.
     Returns (containers, networks) removed. Safe to call any number of times."""

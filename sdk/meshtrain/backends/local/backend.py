@@ -44,6 +44,7 @@ class LocalBackend:
     """Runs jobs as local processes under `jobs_dir` (default ~/.meshtrain/jobs)."""
 
     name = "local"
+    supervisor_module = "meshtrain.backends.local.supervisor"
 
     def __init__(self, jobs_dir: str | Path | None = None, **_ignored: Any) -> None:
         self.jobs_dir = Path(jobs_dir) if jobs_dir else default_jobs_dir()
@@ -73,6 +74,7 @@ class LocalBackend:
         raises JobFailedError naming the path: no job is left half made or InProgress.
         """
         self.validate(spec)
+        spec = self.resolve_spec(spec)
         spec, job_dir = self._create_job_directory(spec)
         token = secrets.token_hex(16)
         try:
@@ -84,18 +86,29 @@ class LocalBackend:
             for host in spec.hosts:
                 prepare_host(spec, job_dir, host)
             download_checkpoints(job_dir.root, checkpoint_folder(spec, job_dir))
+            self.prepare_job(spec, job_dir, token)
             job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time(),
                                  SecondaryStatusTransitions=[])
-            job_dir.add_transition("Starting", "Starting the training job")
+            job_dir.add_transition("Starting", self.starting_message(spec))
             job_dir.log_file.touch()
-            _start_supervisor(job_dir, spec.job_name, token)
+            _start_supervisor(job_dir, spec.job_name, token, self.supervisor_module)
         except OSError as error:
             shutil.rmtree(job_dir.root, ignore_errors=True)
             raise JobFailedError(spec.job_name, _os_error_reason(job_dir.root, error)) from None
         except BaseException:
             shutil.rmtree(job_dir.root, ignore_errors=True)
             raise
-        return LocalTrainingJob(spec.job_name, job_dir)
+        return self.attach(spec.job_name)
+
+    def resolve_spec(self, spec: JobSpec) -> JobSpec:
+        """What a subclass settles before anything exists (the Docker backend: its image)."""
+        return spec
+
+    def prepare_job(self, spec: JobSpec, job_dir: JobDirectory, token: str) -> None:
+        """A subclass's own files in the job directory, written before the supervisor starts."""
+
+    def starting_message(self, spec: JobSpec) -> str:
+        return "Starting the training job"
 
     def _create_job_directory(self, spec: JobSpec) -> tuple[JobSpec, JobDirectory]:
         """mkdir the job directory exclusively: two submitters never share one."""
@@ -156,13 +169,14 @@ def _os_error_reason(where: Path, error: OSError) -> str:
             "another jobs_dir (MESHTRAIN_HOME).")
 
 
-def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str) -> None:
-    """Start the job's supervisor in a session of its own (the job outlives this client). It
-    and every process it starts carry the job's token, which is how they are found again."""
+def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str, module: str) -> None:
+    """Start the job's supervisor (`python -m module DIR`) in a session of its own (the job
+    outlives this client). It and every process it starts carry the job's token, which is how
+    they are found again."""
     env = {**os.environ, MESHTRAIN_JOB_NAME: job_name, MESHTRAIN_JOB_TOKEN: token}
     with open(job_dir.root / "supervisor.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "meshtrain.backends.local.supervisor", str(job_dir.root)],
+            [sys.executable, "-m", module, str(job_dir.root)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
