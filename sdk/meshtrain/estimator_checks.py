@@ -181,15 +181,7 @@ def check_backend_options(
                           f"not honoured by {target.kind.title} jobs (instance_type="
                           f"{target.instance_type!r} takes: {takes}). Remove them, or choose an "
                           "instance_type they belong to.")
-    if target.name == "sagemaker":
-        from meshtrain.backends.sagemaker.options import build_options
-
-        build_options(**options)  # checks values; starts no session and sends no request
-    if target.name in ("local_docker", "local_gpu"):
-        from meshtrain.backends.docker.volumes import parse_shm_size, parse_volumes
-
-        parse_volumes(options.get("volumes"))
-        parse_shm_size(options.get("shm_size"))
+    target.kind.validate_options(options)  # checks values; starts no session, sends no request
     jobs_dir = options.get("jobs_dir")
     if jobs_dir is not None:
         if not isinstance(jobs_dir, str | os.PathLike) or not str(jobs_dir) or "\x00" in str(

@@ -57,6 +57,7 @@ def _kubernetes_gpus(instance_type: str) -> int:
 
 KUBERNETES_PREFIX = "k8s:"
 DOCKER_OPTIONS = frozenset({"jobs_dir", "volumes", "shm_size"})
+DOCKER_OPTION_CHECK = "meshtrain.backends.docker.volumes:check_options"
 KUBERNETES_OPTIONS = frozenset({"namespace", "kube_context", "kubeconfig", "kind",
                                 "code_in_image", "api_client"})
 
@@ -79,6 +80,15 @@ class TargetKind:
     example: str = ""
     hardware: Callable[[str], str] = str
     """The instance type the planner's table knows (Kubernetes drops its "k8s:" prefix)."""
+    check_options: str = ""
+    """``module:function`` that checks the option values (called with them as keywords; raises
+    ConfigError), imported only when an Estimator is made for this kind."""
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        """Check the values of this kind's backend options (no session, no request)."""
+        if self.check_options:
+            module_name, function_name = self.check_options.split(":")
+            getattr(importlib.import_module(module_name), function_name)(**options)
 
 
 TARGET_KINDS: tuple[TargetKind, ...] = (
@@ -89,16 +99,19 @@ TARGET_KINDS: tuple[TargetKind, ...] = (
     TargetKind("local_docker", "local Docker", lambda t: t == "local_docker",
                "meshtrain.backends.docker:DockerBackend", gpus_per_host=lambda _: 0,
                options=lambda: DOCKER_OPTIONS, on_this_machine=True,
-               example="'local_docker' (one container per host on this machine)"),
+               example="'local_docker' (one container per host on this machine)",
+               check_options=DOCKER_OPTION_CHECK),
     TargetKind("local_gpu", "local Docker", lambda t: t == "local_gpu",
                "meshtrain.backends.docker:DockerBackend",
                gpus_per_host=lambda _: local_gpu_count(),
                options=lambda: DOCKER_OPTIONS, on_this_machine=True, max_hosts=1,
-               example="'local_gpu' (one container with this machine's GPUs)"),
+               example="'local_gpu' (one container with this machine's GPUs)",
+               check_options=DOCKER_OPTION_CHECK),
     TargetKind("sagemaker", "SageMaker", lambda t: t.startswith("ml."),
                "meshtrain.backends.sagemaker:SageMakerBackend", gpus_per_host=_sagemaker_gpus,
                options=_sagemaker_options, on_this_machine=False,
-               example="an Amazon SageMaker type such as 'ml.p4d.24xlarge'"),
+               example="an Amazon SageMaker type such as 'ml.p4d.24xlarge'",
+               check_options="meshtrain.backends.sagemaker.options:build_options"),
     TargetKind("kubernetes", "Kubernetes", lambda t: t.startswith(KUBERNETES_PREFIX),
                "meshtrain.backends.kubernetes.backend:KubernetesBackend",
                gpus_per_host=_kubernetes_gpus, options=lambda: KUBERNETES_OPTIONS,

@@ -54,3 +54,9 @@ def parse_shm_size(value: Any) -> int | None:
         raise ConfigError(f"shm_size={value!r} is {size} bytes, below docker's 64 MiB "
                           f"({MIN_SHM} bytes); data loaders need more. Use e.g. '1g'.")
     return size
+
+
+def check_options(jobs_dir: Any = None, volumes: Any = None, shm_size: Any = None) -> None:
+    """The Docker options' values, checked when the Estimator is made (ConfigError)."""
+    parse_volumes(volumes)
+    parse_shm_size(shm_size)
