@@ -25,7 +25,12 @@ from meshtrain.backends.local.layout import (
 )
 from meshtrain.backends.local.processes import carries_token, kill_job_processes, pids_of_job
 from meshtrain.backends.local.restarts import STOP_MARGIN_SECONDS
-from meshtrain.backends.local.s3_staging import check_s3_locations, download_checkpoints, stage_s3
+from meshtrain.backends.local.s3_staging import (
+    check_s3_locations,
+    download_checkpoints,
+    read_destinations,
+    stage_s3,
+)
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
@@ -348,7 +353,12 @@ class LocalTrainingJob(TrainingJob):
 
 def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -> dict[str, Any]:
     """A DescribeTrainingJob-shaped view of a local job."""
-    model = output_location(spec, job_dir) / "model.tar.gz"
+    model = f"file://{output_location(spec, job_dir) / 'model.tar.gz'}"
+    output_path = str(output_location(spec, job_dir).parent.parent)
+    s3_output = read_destinations(job_dir.root).get("output_path")
+    if s3_output:  # a SageMaker cell run locally: the supervisor uploads there, as SageMaker does
+        output_path = s3_output
+        model = f"{s3_output.rstrip('/')}/{spec.job_name}/output/model.tar.gz"
     description = {
         "TrainingJobName": spec.job_name,
         "TrainingJobArn": f"arn:meshtrain:local:::training-job/{spec.job_name}",
@@ -362,8 +372,8 @@ def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -
                            "InstanceCount": spec.instance_count,
                            "VolumeSizeInGB": spec.volume_size},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run},
-        "OutputDataConfig": {"S3OutputPath": str(output_location(spec, job_dir).parent.parent)},
-        "ModelArtifacts": {"S3ModelArtifacts": f"file://{model}"},
+        "OutputDataConfig": {"S3OutputPath": output_path},
+        "ModelArtifacts": {"S3ModelArtifacts": model},
         "CreationTime": status.get("CreationTime"),
     }
     for key in ("TrainingStartTime", "TrainingEndTime", "FailureReason", "FailedAttempts"):

@@ -74,6 +74,8 @@ def test_a_sagemaker_cell_runs_locally_with_s3_in_and_out(aws, tmp_path, monkeyp
                          "test": "s3://data-bucket/c4/val"}, job_name="local-cell", logs=False)
     assert capsys.readouterr().err.count("local jobs ignore the SageMaker-only argument") == 1
     assert job.describe()["TrainingJobStatus"] == "Completed"
+    # as on SageMaker, the model's URI is where it was uploaded
+    assert estimator.model_data == "s3://results-bucket/out/local-cell/output/model.tar.gz"
 
     model = s3.get_object(Bucket="results-bucket", Key="out/local-cell/output/model.tar.gz")
     with tarfile.open(fileobj=io.BytesIO(model["Body"].read())) as tar:
