@@ -9,14 +9,9 @@ job's network, and the job's end (success, failure, stop) removes its containers
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import subprocess
-import sys
 import threading
-import time
 from collections import deque
-from pathlib import Path
 
 from meshtrain.backends.docker.containers import (
     DockerSettings,
@@ -32,7 +27,12 @@ from meshtrain.backends.docker.engine import (
 )
 from meshtrain.backends.local.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.local.processes import terminate_groups
-from meshtrain.backends.local.supervisor import STOP_GRACE_SECONDS, TAIL_LINES, Supervisor
+from meshtrain.backends.local.supervisor import (
+    STOP_GRACE_SECONDS,
+    TAIL_LINES,
+    Supervisor,
+    supervise,
+)
 from meshtrain.contract import env as names
 from meshtrain.contract.jobspec import JobSpec
 
@@ -50,6 +50,13 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, attempt: int) -> dict
 
 class DockerSupervisor(Supervisor):
     """Runs the hosts of one job as containers and removes them when the job ends."""
+
+    label = "docker supervisor"
+
+    @staticmethod
+    def release_job(token: str) -> None:
+        """The job's containers and network go with it, also after a crash of the supervisor."""
+        remove_job_resources(token)
 
     def __init__(self, job_dir: JobDirectory) -> None:
         super().__init__(job_dir)
@@ -92,22 +99,7 @@ class DockerSupervisor(Supervisor):
 
 
 def main() -> None:
-    job_dir = JobDirectory(Path(sys.argv[1]))
-    token = job_dir.read_token()
-    try:
-        supervisor = DockerSupervisor(job_dir)
-        signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
-        signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
-        supervisor.run()
-    except BaseException as error:  # record it: a client waits on status.json
-        with contextlib.suppress(OSError):
-            job_dir.write_status(TrainingJobStatus="Failed", TrainingEndTime=time.time(),
-                                 FailureReason=f"InternalServerError: docker supervisor: "
-                                               f"{error!r}")
-        raise
-    finally:
-        with contextlib.suppress(Exception):
-            remove_job_resources(token)
+    supervise(DockerSupervisor)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,14 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
 class Supervisor:
     """Runs the hosts of one job and records how it ended."""
 
+    label = "local supervisor"
+    """How a crash of this supervisor is named in the job's FailureReason."""
+
+    @staticmethod
+    def release_job(token: str) -> None:
+        """What must go when this supervisor ends, whatever happened (host processes end with
+        their supervisor: nothing to do here)."""
+
     def __init__(self, job_dir: JobDirectory) -> None:
         self.job_dir = job_dir
         self.spec = job_dir.read_spec()
@@ -287,11 +295,13 @@ _FINAL_MESSAGES = {
 }
 
 
-def main() -> None:
+def supervise(supervisor_class: type[Supervisor]) -> None:
+    """A supervisor process's entry (``python -m <module> JOB_DIR``): run the job; a crash of
+    the supervisor itself ends the job's processes and is recorded as the job's failure."""
     job_dir = JobDirectory(Path(sys.argv[1]))
     token = job_dir.read_token()
     try:
-        supervisor = Supervisor(job_dir)
+        supervisor = supervisor_class(job_dir)
         signal.signal(signal.SIGTERM, lambda *_: supervisor.stop_requested.set())
         signal.signal(signal.SIGINT, lambda *_: supervisor.stop_requested.set())
         supervisor.run()
@@ -299,8 +309,16 @@ def main() -> None:
         kill_job_processes(token, grace_seconds=1)
         with contextlib.suppress(OSError):
             job_dir.write_status(TrainingJobStatus="Failed", TrainingEndTime=time.time(),
-                                 FailureReason=f"InternalServerError: local supervisor: {error!r}")
+                                 FailureReason=f"InternalServerError: {supervisor_class.label}: "
+                                               f"{error!r}")
         raise
+    finally:
+        with contextlib.suppress(Exception):
+            supervisor_class.release_job(token)
+
+
+def main() -> None:
+    supervise(Supervisor)
 
 
 if __name__ == "__main__":
