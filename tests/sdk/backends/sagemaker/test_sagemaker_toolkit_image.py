@@ -58,19 +58,20 @@ DISTRIBUTION = {"torch_distributed": {"enabled": True, "processes_per_host": 2},
 def toolkit_image() -> Path:
     """The image's Python: a venv with the toolkits, torch by path entry, no meshtrain."""
     python = IMAGE_DIR / "bin" / "python"
-    if (IMAGE_DIR / "ready").exists():
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(IMAGE_DIR)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *TOOLKITS], check=True,
-                   timeout=600)
+    if not (IMAGE_DIR / "ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(IMAGE_DIR)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *TOOLKITS], check=True,
+                       timeout=600)
+        torchrun = IMAGE_DIR / "bin" / "torchrun"
+        torchrun.write_text(TORCHRUN.format(python=python))
+        torchrun.chmod(0o755)
+        (IMAGE_DIR / "ready").write_text("")
+    # Rewritten on every run: the cached image outlives the test venv it was first built from
+    # (CI builds a fresh one each time), and a path entry to a deleted venv loses torch.
     site = Path(subprocess.check_output(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         text=True).strip())
     (site / "zz_torch_from_tests.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    torchrun = IMAGE_DIR / "bin" / "torchrun"
-    torchrun.write_text(TORCHRUN.format(python=python))
-    torchrun.chmod(0o755)
-    (IMAGE_DIR / "ready").write_text("")
     return python
 
 
