@@ -11,6 +11,6 @@ bench:
 bench-smoke:
 	$(PYTHON) benchmarks/run_all.py --smoke --machine "$(BENCH_MACHINE)"
 
-# adds full shard, hybrid and ep with compile: true (inductor on every rank: several more minutes)
+# adds full shard, hybrid, tp, tp x hybrid and ep with compile: true (inductor on every rank: several more minutes)
 bench-compile:
 	$(PYTHON) benchmarks/run_all.py --with-compile --machine "$(BENCH_MACHINE)"

@@ -18,7 +18,12 @@ Hand-written sides: ``fully_shard`` per block, embedding, head (no reshard) and 
 from benchmarks/bench_tp_comm.py. Expert parallelism has no torch-only equivalent, so its
 hand-written side calls meshtrain's own building blocks (``apply_expert_parallel``,
 ``shard_experts_with_fsdp``) and ``fully_shard`` directly: that ratio measures what
-``transform()`` adds around them, not the expert kernels.
+``transform()`` adds around them, not the expert kernels. With ``compile`` both sides compile
+each block in place; under TP the hand-written side also waits for the embedding's pending
+all-reduce, as ``transform()`` does (`_wait_for_embedding`).
+
+``null_full_shard`` measures the method itself: the hand-written full-shard model against a
+second copy of itself. Its ratio is what "no overhead" reads as on the machine at hand.
 """
 
 from __future__ import annotations
@@ -48,12 +53,17 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
     "tp": ({"tensor_parallel_degree": 0}, "llama"),  # 0: every rank (filled in at run time)
     "tp_x_hybrid": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}, "llama"),
     "ep": ({"expert_parallel_degree": 2}, "mixtral"),
-    # compile: true on both sides (tp with compile is not benchmarked: the hand-written
-    # side would need meshtrain's wait on the embedding's pending all-reduce)
+    # compile: true on both sides
     "full_shard_compile": ({"compile": True}, "llama"),
     "hybrid_compile": ({"hybrid_shard_degree": 2, "compile": True}, "llama"),
+    "tp_compile": ({"tensor_parallel_degree": 0, "compile": True}, "llama"),
+    "tp_x_hybrid_compile": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2,
+                             "compile": True}, "llama"),
     "ep_compile": ({"expert_parallel_degree": 2, "compile": True}, "mixtral"),
+    # the method's own floor: the hand-written model against a second copy of itself
+    "null_full_shard": ({}, "llama"),
 }
+NULL_LAYOUTS = {"null_full_shard"}
 DEFAULT_LAYOUTS = "full_shard,hybrid,tp,tp_x_hybrid,ep"
 VOCAB = 512
 
@@ -120,9 +130,20 @@ def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -
     if params.get("compile"):  # torchtitan: per block, after TP, before FSDP
         for layer in model.model.layers:
             layer.compile()
+        if tp > 1:
+            model.model.embed_tokens.register_forward_hook(_wait_for_embedding)
     if replicate * shard > 1:
         shard_by_hand(model, mesh, replicate)
     return model
+
+
+def _wait_for_embedding(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """What a hand-written TP + compile model needs (torch 2.13): the vocab-parallel embedding
+    returns its all-reduce still pending (an AsyncCollectiveTensor), and a compiled block given
+    one breaks the embedding's backward; clone() waits for it and keeps the autograd edge."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
 
 
 def _ep_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int, *,
@@ -198,8 +219,10 @@ def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
     mr.init(params)
     reference = build_model(kind, args)
     theory_bytes_total = sum(p.numel() * p.element_size() for p in reference.parameters())
-    models = {"transform": mr.transform(build_model(kind, args)),
-              "by_hand": build_by_hand(name, params, args)}
+    # "transform" is the side under test; a null layout puts a second hand-written copy there
+    subject = build_by_hand(name, params, args) if name in NULL_LAYOUTS \
+        else mr.transform(build_model(kind, args))
+    models = {"transform": subject, "by_hand": build_by_hand(name, params, args)}
     _, replicate, shard, tp = hand_mesh(params)
     ids = torch.randint(0, VOCAB, (args.batch, args.seq),
                         generator=torch.Generator().manual_seed(mr.state.dp_rank))
@@ -223,7 +246,8 @@ def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
               "theory_bytes": theory_bytes_total // (shard * tp)}
     comm["theory"] = fsdp_theory(reference, replicate, shard) if tp == 1 and kind == "llama" \
         else None
-    return {"layout": name, "parameters": params, "ranks": dist.get_world_size(),
+    return {"layout": name, "null": name in NULL_LAYOUTS, "parameters": params,
+            "ranks": dist.get_world_size(),
             "mesh": {"replicate": replicate, "shard": shard, "tp": tp},
             "round_ratios": ratios,
             "step_ms": {k: 1e3 * statistics.median(v) for k, v in samples.items()},

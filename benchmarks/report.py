@@ -58,6 +58,7 @@ def layout_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
     theory = collective_totals(comm.get("theory"))
     return {
         "layout": raw["layout"],
+        "null": bool(raw.get("null", False)),
         "ranks": raw["ranks"],
         "mesh": raw["mesh"],
         "parameters": raw["parameters"],
@@ -136,8 +137,10 @@ def build_report(
         "tp_collectives": tp_comm_entry(tp_comm) if tp_comm else None,
         "ep_all_to_all": ep_comm_entry(ep_comm) if ep_comm else None,
     }
+    measured = [e for e in entries if not e["null"]]
     report["goals_met"] = {
-        "overhead_ratio_le_1.03": all(e["overhead_ratio"] <= OVERHEAD_GOAL for e in entries),
+        # a null layout (hand-written vs hand-written) is the method's floor, not a goal
+        "overhead_ratio_le_1.03": all(e["overhead_ratio"] <= OVERHEAD_GOAL for e in measured),
         "launch_le_1.2": None if not launch else launch["overhead_ratio"] <= LAUNCH_GOAL,
     }
     return report
@@ -161,8 +164,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     for name, entry in report["layouts"].items():
         spread = entry["overhead_spread"]
         step = entry["step_ms"]
+        label = f"{name} (hand-written vs itself)" if entry.get("null") else name
         lines.append(
-            f"| {name} | {entry['ranks']} | {_fmt(entry['overhead_ratio'])} | "
+            f"| {label} | {entry['ranks']} | {_fmt(entry['overhead_ratio'])} | "
             f"{_fmt(spread['q1'])}..{_fmt(spread['q3'])} | "
             f"{step['transform']:.1f} / {step['by_hand']:.1f} | "
             f"{_fmt(entry['memory']['over_theory'], 4)} | "

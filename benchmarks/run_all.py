@@ -3,9 +3,10 @@
     python benchmarks/run_all.py            # the full run (CPU, gloo; minutes)
     python benchmarks/run_all.py --smoke    # one tiny layout end to end (a test runs this)
 
-Steps: overhead.py on 4 ranks (full shard, hybrid 2x2, tp 4, ep 2; with --with-compile also
-full shard, hybrid and ep with ``compile: true`` on both sides) and on 8 ranks (tp 2 x
-shard 2 x replicate 2); bench_tp_comm.py (TP collective bytes vs Megatron's formulas);
+Steps: overhead.py on 4 ranks (the null layout: hand-written full shard against itself, the
+method's floor; full shard, hybrid 2x2, tp 4, ep 2; with --with-compile also full shard, hybrid,
+tp and ep with ``compile: true`` on both sides) and on 8 ranks (tp 2 x shard 2 x replicate 2,
+and compiled with --with-compile); bench_tp_comm.py (TP collective bytes vs Megatron's formulas);
 bench_ep_alltoall.py (EP all-to-all bytes vs the routed theory); launch_overhead.py (fit() vs
 raw torchrun). Every launch goes through torchrun and meshtrain's rank entry with
 OMP_NUM_THREADS=1. Aggregation lives in report.py.
@@ -89,11 +90,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.smoke:
         layouts = overhead(2, "full_shard", rounds, timeout=300)
         return report.build_report(layouts, machine=machine(args.machine))
-    layouts = overhead(4, "full_shard,hybrid,tp,ep", rounds, timeout=600)
+    layouts = overhead(4, "null_full_shard,full_shard,hybrid,tp,ep", rounds, timeout=600)
     if args.with_compile:  # inductor compiles every block on every rank: minutes on 2 cores
-        layouts += overhead(4, "full_shard_compile,hybrid_compile,ep_compile", rounds,
+        layouts += overhead(4, "full_shard_compile,hybrid_compile,tp_compile,ep_compile", rounds,
                             timeout=900)
-    layouts += overhead(8, "tp_x_hybrid", rounds, timeout=600)
+    layouts += overhead(8, "tp_x_hybrid,tp_x_hybrid_compile" if args.with_compile
+                        else "tp_x_hybrid", rounds, timeout=900)
     tp = json_of("bench_tp_comm.py", ["--tp", "2", "--layers", "2", "--hidden", "64",
                                       "--intermediate", "128", "--vocab", "512",
                                       "--seq-len", "32", "--steps", "1"], timeout=600)
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds per layout")
     parser.add_argument("--launch-pairs", type=int, default=3)
     parser.add_argument("--with-compile", action="store_true",
-                        help="also full shard, hybrid and ep with compile: true on both sides")
+                        help="also full shard, hybrid, tp, tp x hybrid and ep with compile: true "
+                        "on both sides")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--machine", default="unnamed machine",
                         help="a description of this machine, recorded with the figures")

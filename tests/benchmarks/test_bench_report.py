@@ -92,6 +92,20 @@ def test_goals_and_markdown() -> None:
     assert "fit() / raw torchrun = 1.500" in table
 
 
+def test_a_null_layout_is_reported_as_the_floor_not_held_to_the_goal() -> None:
+    result = report.build_report([_raw("null_full_shard", [1.2, 1.3], null=True),
+                                  _raw("full_shard", [1.0, 1.02])],
+                                 machine={"description": "box"})
+    assert result["layouts"]["null_full_shard"]["null"] is True
+    assert result["layouts"]["full_shard"]["null"] is False
+    assert result["goals_met"]["overhead_ratio_le_1.03"] is True
+    assert "| null_full_shard (hand-written vs itself) | 4 | 1.250 |" in \
+        report.render_markdown(result)
+    over = report.build_report([_raw("null_full_shard", [1.0], null=True),
+                                _raw("full_shard", [1.1])], machine={"description": "box"})
+    assert over["goals_met"]["overhead_ratio_le_1.03"] is False
+
+
 def test_tp_and_ep_entries() -> None:
     tp = {"results": {"sp": {"meshtrain": {"ring_bytes_per_rank": 90},
                              "torch": {"ring_bytes_per_rank": 90},
