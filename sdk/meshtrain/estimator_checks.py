@@ -19,7 +19,14 @@ from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.support import check_build_support, check_cpu_offload
-from meshtrain.targets import TARGET_KINDS, Target, known_options, local_cores, local_gpu_count
+from meshtrain.targets import (
+    TARGET_KINDS,
+    Target,
+    known_options,
+    local_cores,
+    local_gpu_count,
+    options_text,
+)
 
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 URI_SCHEMES = ("s3://", "file://", "pvc://")
@@ -168,10 +175,8 @@ def check_backend_options(
     for name in sorted(set(options) - every_option):
         hint = did_you_mean(name, own) or did_you_mean(name, every_option)
         raise ConfigError(f"Estimator got an unexpected keyword argument {name!r}.{hint} "
-                          f"Its arguments: {', '.join(own)}; backend options: jobs_dir (local), "
-                          "volumes, shm_size (local_docker, local_gpu), "
-                          "the SageMaker SDK's session options (ml.* types), namespace, "
-                          "kube_context, kubeconfig, kind, code_in_image (k8s:* types).")
+                          f"Its arguments: {', '.join(own)}; backend options: "
+                          f"{options_text()}.")
     options = _drop_sagemaker_options_locally(target, options)
     foreign = sorted(set(options) - target.options)
     if foreign:

@@ -177,6 +177,20 @@ def known_options() -> frozenset[str]:
     return frozenset().union(*(kind.options() for kind in TARGET_KINDS))
 
 
+def options_text(most: int = 5) -> str:
+    """Each target kind's backend options for an error message, read from the table (a new
+    kind's options appear without editing any message); long lists end with "..."."""
+    titles: dict[str, set[str]] = {}
+    for kind in TARGET_KINDS:
+        titles.setdefault(kind.title, set()).update(kind.options())
+    parts = []
+    for title, names in titles.items():
+        shown = sorted(names)
+        listed = ", ".join(shown[:most]) + (", ..." if len(shown) > most else "")
+        parts.append(f"{listed} ({title})" if shown else f"none ({title})")
+    return "; ".join(parts)
+
+
 def backend_named(name: str, **options: Any) -> Backend:
     """The backend of the target kind called `name` (e.g. to attach to an existing job)."""
     for kind in TARGET_KINDS:
