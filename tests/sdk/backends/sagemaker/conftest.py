@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from sagemaker_moto import REGION, RecordingMotoServer
+from sagemaker_moto import RecordingMotoServer, point_boto3_at
 
 
 @pytest.fixture(scope="session")
@@ -22,17 +22,7 @@ def moto_server():
 @pytest.fixture
 def aws(moto_server, monkeypatch, tmp_path):
     """A clean moto and an environment whose only AWS configuration points boto3 at it."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION",
-                 "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.url)
+    point_boto3_at(moto_server, monkeypatch, tmp_path)
     moto_server.reset()
     return moto_server
 

@@ -97,6 +97,21 @@ class RecordingMotoServer(ThreadedMotoServer):
             self.requests.clear()
 
 
+def point_boto3_at(server: RecordingMotoServer, monkeypatch: Any, tmp_path: Any) -> None:
+    """An environment whose only AWS configuration points boto3 at `server`."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION",
+                 "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+
+
 def sagemaker_backend(region: str = REGION) -> Any:
     """moto's in-process SageMaker backend (the server runs in this process)."""
     from moto.sagemaker.models import sagemaker_backends

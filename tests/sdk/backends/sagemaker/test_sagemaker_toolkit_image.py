@@ -8,7 +8,9 @@ as torch's wheel installs it), and no meshtrain. /opt/ml is laid out from the Cr
 request moto received; the toolkit downloads sourcedir.tar.gz from moto's S3 itself, installs its
 requirements.txt, and starts torchrun; the script's `import meshtrain_runtime` resolves to the
 copy meshtrain shipped in the archive, and init()/transform() run a 2-rank HSDP step on gloo.
-The environment is built once under ~/.cache/meshtrain-tests (about 20 s, 190 MB).
+The environment is built once under ~/.cache/meshtrain-tests (about 20 s, 190 MB). The docker
+tier runs the same job inside a container (tests/docker/test_sagemaker_toolkit_container.py)
+with the steps below.
 """
 
 from __future__ import annotations
@@ -75,11 +77,8 @@ def toolkit_image() -> Path:
     return python
 
 
-@pytest.mark.multiprocess
-def test_aws_image_runs_the_script_through_the_shipped_runtime(aws, tmp_path):
-    python = toolkit_image()
-    probe = subprocess.run([str(python), "-c", "import meshtrain"], capture_output=True)
-    assert probe.returncode != 0  # the image has no meshtrain
+def submit_job(aws, tmp_path: Path) -> dict:
+    """The notebook's side: a PyTorch estimator from versions, fit(); returns the request."""
     source = tmp_path / "code"
     source.mkdir()
     (source / "train.py").write_text(SCRIPT)
@@ -95,24 +94,44 @@ def test_aws_image_runs_the_script_through_the_shipped_runtime(aws, tmp_path):
     request = create.json()
     assert "/smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in (
         request["AlgorithmSpecification"]["TrainingImage"])
+    return request
 
-    base = tmp_path / "opt" / "ml"
-    lay_out_host(request, base, host="localhost")  # a name this machine resolves
-    env = {**os.environ, **request.get("Environment", {}), "SAGEMAKER_BASE_DIR": str(base),
-           "TRAINING_JOB_NAME": request["TrainingJobName"], "OMP_NUM_THREADS": "1",
-           "SAGEMAKER_TRAINING_MODULE": "sagemaker_pytorch_container.training:main",
-           "PET_MASTER_PORT": str(free_port()), "PATH": f"{IMAGE_DIR / 'bin'}:{os.environ['PATH']}"}
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run([str(IMAGE_DIR / "bin" / "train")], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+def toolkit_environment(request: dict) -> dict[str, str]:
+    """What the image and the platform set for the toolkit's `train` (no meshtrain path)."""
+    return {**request.get("Environment", {}), "TRAINING_JOB_NAME": request["TrainingJobName"],
+            "OMP_NUM_THREADS": "1",
+            "SAGEMAKER_TRAINING_MODULE": "sagemaker_pytorch_container.training:main",
+            "PET_MASTER_PORT": str(free_port())}
+
+
+def check_outputs(base: Path, job_base: Path) -> None:
+    """Both ranks ran the shipped runtime from the job's code folder (/opt/ml as the job saw
+    it: `job_base`) and read the channel the toolkit downloaded."""
     assert (base / "output" / "success").exists()
     reports = [json.loads(p.read_text()) for p in sorted((base / "model").glob("rank-*.json"))]
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["world_size"] == 2 and report["hybrid_shard_degree"] == 2
-        assert report["runtime"] == str(base / "code" / "meshtrain_runtime" / "__init__.py")
-        assert report["code_dir"] == str(base / "code") and report["data"] == "7 8 9"
+        assert report["runtime"] == str(job_base / "code" / "meshtrain_runtime" / "__init__.py")
+        assert report["code_dir"] == str(job_base / "code") and report["data"] == "7 8 9"
     assert reports[0]["loss"] == pytest.approx(reports[1]["loss"], abs=1e-6)
     requirements = (base / "code" / "requirements.txt").read_text()
     assert "pydantic" in requirements  # the runtime's one need beyond torch, for the toolkit
+
+
+@pytest.mark.multiprocess
+def test_aws_image_runs_the_script_through_the_shipped_runtime(aws, tmp_path):
+    python = toolkit_image()
+    probe = subprocess.run([str(python), "-c", "import meshtrain"], capture_output=True)
+    assert probe.returncode != 0  # the image has no meshtrain
+    request = submit_job(aws, tmp_path)
+    base = tmp_path / "opt" / "ml"
+    lay_out_host(request, base, host="localhost")  # a name this machine resolves
+    env = {**os.environ, **toolkit_environment(request), "SAGEMAKER_BASE_DIR": str(base),
+           "PATH": f"{IMAGE_DIR / 'bin'}:{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([str(IMAGE_DIR / "bin" / "train")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    check_outputs(base, job_base=base)
