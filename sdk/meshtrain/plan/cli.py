@@ -24,6 +24,7 @@ from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.layouts import Plan, plan_layouts, smallest_fitting_count
 from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
 from meshtrain.plan.models import PRESETS, ModelSpec, llama_shaped, resolve_model
+from meshtrain.plan.plot import plot_phases  # imports matplotlib only when plotting
 from meshtrain.plan.report import plan_to_dict, render_plan, short_layout
 
 _DIMENSIONS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
@@ -221,8 +222,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _plot(plan: Plan, path: str) -> None:
-    from meshtrain.plan.plot import plot_phases  # matplotlib only when asked for
-
     shown = plan.best or (plan.candidates[0] if plan.candidates else None)
     if shown is None:
         raise ConfigError("--plot: no candidate layout to plot for this cluster.")

@@ -58,7 +58,7 @@ from typing import Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.activations import ActivationEstimate
-from meshtrain.plan.encdec import decoder_seq_len, t5_groups
+from meshtrain.plan.encdec import decoder_seq_len, encdec_groups
 from meshtrain.plan.memory import (
     OPTIMIZER_STATE_BYTES,
     REDUCE_BYTES,
@@ -76,7 +76,8 @@ RESIDENT_TERMS = ("sharded_parameters", "optimizer_states", "sharded_gradients",
 """Terms that are model states or saved activations; the rest are a phase's buffers."""
 _BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask",
                   "decoder_token_ids", "relative_position_buckets", "encoder_final_norm",
-                  "encoder_output", "cross_attention_bias")
+                  "encoder_output", "cross_attention_bias", "position_ids",
+                  "embedding_norms")
 """Model terms that exist before the last block runs (for encoder-decoders: the encoder's)."""
 
 
@@ -148,7 +149,7 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
     block = sizes["layer"] / blocks
     if model.is_encoder_decoder:  # a decoder block (cross-attention too) is the largest
         block = sum(group_shard_elements(g, tp=tp, ep=ep, shard=shard) * g.count * shard
-                    for g in t5_groups(model, decoder_block_only=True))
+                    for g in encdec_groups(model, decoder_block_only=True))
     if model.largest_layer_params is not None:
         block = model.largest_layer_params / tp
     return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
