@@ -82,8 +82,6 @@ def bart_groups(model: ModelShape, *, decoder_block_only: bool = False) -> list[
     groups.append(ParamGroup("shared", (model.vocab_size, h), tp_dim=0, unit="root"))
     groups.append(ParamGroup("embed_positions", (positions, h), 2, unit="root"))
     groups.append(ParamGroup("layernorm_embedding", (h,), 4, unit="root"))
-    if not model.tie_word_embeddings:
-        groups.append(ParamGroup("lm_head", (model.vocab_size, h), tp_dim=0, unit="head"))
     return groups
 
 
@@ -177,6 +175,10 @@ def from_bart_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if activation not in _MLPS:
         raise ConfigError(f"activation_function={activation!r}: the planner knows "
                           f"{' and '.join(map(repr, _MLPS))} for BART.")
+    if not config.get("tie_word_embeddings", True):
+        raise ConfigError("tie_word_embeddings=false: the planner sizes BART with its embedding "
+                          "tied into both stacks and the head, as its configs have it "
+                          "(transformers 5 unties all three then, 4.x only the head).")
     heads = _same(config, "encoder_attention_heads", "decoder_attention_heads")
     return {
         "family": "bart", "hidden_size": int(config["d_model"]),
@@ -186,7 +188,7 @@ def from_bart_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "intermediate_size": _same(config, "encoder_ffn_dim", "decoder_ffn_dim"),
         "vocab_size": int(config["vocab_size"]), "ffn": _MLPS[activation],
         "max_position_embeddings": int(config.get("max_position_embeddings", 1024)),
-        "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "tie_word_embeddings": True,
         "qkv_bias": True, "o_bias": True, "mlp_bias": True,
         "hidden_dropout": float(config.get("dropout", 0.1)),
         "attention_dropout": float(config.get("attention_dropout", 0.0)),

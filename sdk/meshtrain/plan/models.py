@@ -122,6 +122,15 @@ def _llama(name: str, h: int, n: int, a: int, kv: int, i: int, v: int, **kw: Any
                      **kw)
 
 
+def _bart(name: str, h: int, n: int, a: int, i: int) -> ModelSpec:
+    """facebook/bart-* (their config.json): n encoder and n decoder blocks, vocabulary 50265,
+    1024 positions, GELU MLP, biases, head tied to `shared`, every dropout 0.1."""
+    return _llama(name, h, n, a, a, i, 50265, family="bart", num_decoder_layers=n, ffn="gelu",
+                  max_position_embeddings=1024, tie_word_embeddings=True, qkv_bias=True,
+                  o_bias=True, mlp_bias=True, hidden_dropout=0.1, attention_dropout=0.1,
+                  activation_dropout=0.1)
+
+
 # Shapes from each model's published Hugging Face config.json.
 PRESETS: dict[str, ModelSpec] = {
     "llama2-7b": _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000),
@@ -145,6 +154,10 @@ PRESETS: dict[str, ModelSpec] = {
     "flan-t5-xl": _llama("flan-t5-xl", 2048, 24, 32, 32, 5120, 32128, family="t5",
                          num_decoder_layers=24, head_dim=64, ffn="gated_gelu",
                          hidden_dropout=0.1, attention_dropout=0.1),
+    # BART (d_model, encoder_layers = decoder_layers, attention heads, ffn_dim):
+    # facebook/bart-base and facebook/bart-large config.json.
+    "bart-base": _bart("bart-base", 768, 6, 12, 3072),
+    "bart-large": _bart("bart-large", 1024, 12, 16, 4096),
 }
 
 

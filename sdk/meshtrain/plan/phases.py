@@ -309,7 +309,8 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
     c, g = step.c, step.groups
     activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
     log_softmax = acts.model_terms.get("logits_fp32", acts.model_terms.get("log_softmax", 0.0))
-    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32.
+    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32, and
+    # BART's fp32 final_logits_bias promotes them (its model_terms say logits_fp32).
     lb = c if "log_softmax" in acts.model_terms else _F32
     forward_gathered = _gathered_in_forward(step, at_head=True)
     gathered = forward_gathered - (c * g.head if step.fsdp else 0.0)

@@ -80,13 +80,7 @@ class ModelShape(BaseModel):
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-        if (self.family in ENCODER_DECODER_FAMILIES) != (self.num_decoder_layers > 0):
-            raise ValueError("families 't5' and 'bart' (encoder-decoder) need "
-                             "num_decoder_layers > 0, and only they have decoder layers")
-        mlps = {"t5": ("relu", "gated_gelu"), "bart": ("gelu", "relu")}.get(self.family)
-        if mlps and self.ffn not in mlps:
-            raise ValueError(f"family {self.family!r} has a {' or '.join(map(repr, mlps))} MLP "
-                             f"(ffn), not {self.ffn!r}")
+        self._check_encoder_decoder()
         if (self.family == "mixtral") != (self.num_experts > 0):
             raise ValueError("family 'mixtral' needs num_experts > 0, and only it has experts")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
@@ -94,6 +88,24 @@ class ModelShape(BaseModel):
                 f"experts_per_token={self.experts_per_token} must be in 1..{self.num_experts}"
             )
         return self
+
+    def _check_encoder_decoder(self) -> None:
+        """Families ``t5`` and ``bart``: decoder layers, their MLPs, BART's fixed choices."""
+        if (self.family in ENCODER_DECODER_FAMILIES) != (self.num_decoder_layers > 0):
+            raise ValueError("families 't5' and 'bart' (encoder-decoder) need "
+                             "num_decoder_layers > 0, and only they have decoder layers")
+        mlps = {"t5": ("relu", "gated_gelu"), "bart": ("gelu", "relu")}.get(self.family)
+        if mlps and self.ffn not in mlps:
+            raise ValueError(f"family {self.family!r} has a {' or '.join(map(repr, mlps))} MLP "
+                             f"(ffn), not {self.ffn!r}")
+        if self.family == "bart" and (self.num_key_value_heads != self.num_attention_heads
+                                      or self.attention_head_dim * self.num_attention_heads
+                                      != self.hidden_size):
+            raise ValueError("family 'bart' has hidden_size / num_attention_heads per head and "
+                             "as many key/value heads as heads (no head_dim of its own)")
+        if self.family == "bart" and not self.tie_word_embeddings:
+            raise ValueError("family 'bart' ties its embedding into both stacks and the head "
+                             "(tie_word_embeddings)")
 
     @property
     def attention_head_dim(self) -> int:
