@@ -1,4 +1,4 @@
-"""Family ``t5``: parameters and saved activations of T5 (meshtrain.plan.encdec dispatches).
+"""T5 (family ``t5``): parameters and saved activations (meshtrain.plan.encdec dispatches).
 
 Family ``t5`` is Hugging Face's ``T5ForConditionalGeneration`` (T5 v1.0, v1.1, Flan-T5):
 ``num_layers`` encoder blocks (self-attention, MLP) then ``num_decoder_layers`` decoder blocks
