@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def imported_modules(source: str) -> Iterator[tuple[int, str]]:
     """(line, module) for every absolute import in `source`, including lazy ones in functions."""
-    for node in ast.walk(ast.parse(source)):
+    return _imports_in(ast.parse(source))
+
+
+def _imports_in(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -86,3 +91,50 @@ def test_the_runtime_check_allows_the_contract(source):
 ])
 def test_the_client_check_catches_torch_and_the_runtime(source):
     assert client_violations(source)
+
+
+PLAN = "meshtrain.plan"
+
+
+def lazy_plan_imports(source: str) -> list[str]:
+    """Imports of a meshtrain.plan module made inside a function body: a cycle hidden from the
+    module's top (models <-> encdec was one)."""
+    return sorted({f"line {line}: {module}"
+                   for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                   for line, module in _imports_in(node) if _within(module, PLAN)})
+
+
+def plan_import_graph() -> dict[str, set[str]]:
+    """meshtrain.plan module -> the plan modules it imports (anywhere in its source, under
+    TYPE_CHECKING too)."""
+    folder = ROOT / "sdk" / "meshtrain" / "plan"
+    modules = {f"{PLAN}.{path.stem}": path for path in folder.glob("*.py")
+               if path.stem != "__init__"}
+    graph = {}
+    for name, path in modules.items():
+        imported = {module for _, module in imported_modules(path.read_text())}
+        graph[name] = {other for other in modules if other != name and other in imported}
+    return graph
+
+
+def test_plan_modules_import_each_other_only_at_their_top():
+    folder = ROOT / "sdk" / "meshtrain" / "plan"
+    found = {path.name: lazy_plan_imports(path.read_text()) for path in folder.glob("*.py")}
+    assert {name: lazy for name, lazy in found.items() if lazy} == {}
+
+
+def test_the_plan_modules_import_graph_has_no_cycle():
+    graph = plan_import_graph()
+    assert f"{PLAN}.encdec" in graph and f"{PLAN}.spec" in graph[f"{PLAN}.encdec"]
+    tuple(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+
+
+@pytest.mark.parametrize(("source", "lazy"), [
+    ("def f():\n    from meshtrain.plan.encdec import t5_groups\n", True),
+    ("def f():\n    if x:\n        import meshtrain.plan.models\n", True),
+    ("from meshtrain.plan.spec import ModelShape\n", False),
+    ("def f():\n    import matplotlib\n", False),
+])
+def test_the_lazy_import_check_catches_a_function_level_plan_import(source, lazy):
+    assert bool(lazy_plan_imports(source)) is lazy

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.plan.encdec import check_layout, checkpointed_blocks, t5_layer_terms, t5_model_terms
+from meshtrain.plan.encdec import check_layout, checkpointed_blocks, layer_terms, model_terms
 from meshtrain.plan.models import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
@@ -139,8 +139,8 @@ def activation_bytes(
     layers'. `"selective"` recomputes the attention core (drops the s x s tensors).
     `loss_parallel` keeps the logits split over the vocabulary (the runtime's option; by
     default the head gathers them, as HF's ``colwise_gather_output`` does).
-    Encoder-decoder models (family ``t5``): `seq_len` is the encoder's, `decoder_seq_len` the
-    decoder's (default `seq_len`); see meshtrain.plan.encdec.
+    Encoder-decoder models (families ``t5``, ``bart``): `seq_len` is the encoder's,
+    `decoder_seq_len` the decoder's (default `seq_len`); see meshtrain.plan.encdec.
     """
     if precision not in ACT_BYTES:
         raise ConfigError(f"precision={precision!r}: use one of {', '.join(ACT_BYTES)}.")
@@ -170,17 +170,17 @@ def activation_bytes(
 
 def _encoder_decoder(model: ModelSpec, s_enc: int, s_dec: int, b: int, c: int,
                      interval: int | bool, offload: bool, horizon: int) -> ActivationEstimate:
-    """T5-style models (meshtrain.plan.encdec); `interval` 0/False: no checkpointing."""
+    """Encoder-decoder models (meshtrain.plan.encdec); `interval` 0/False: no checkpointing."""
     enc_ckpt, dec_ckpt = checkpointed_blocks(model, int(interval)) if interval else (0, 0)
     dec_on_gpu = min(horizon, dec_ckpt) if offload else dec_ckpt
     enc_on_gpu = min(max(0, horizon - dec_ckpt), enc_ckpt) if offload else enc_ckpt
     return ActivationEstimate(
-        layer_terms=t5_layer_terms(model, b, s_enc, s_dec, c, decoder=True),
+        layer_terms=layer_terms(model, b, s_enc, s_dec, c, decoder=True),
         checkpoint_bytes=c * b * s_dec * model.hidden_size,
         num_layers=model.num_decoder_layers, num_checkpointed=dec_ckpt,
         num_checkpoints_on_gpu=dec_on_gpu,
-        model_terms=t5_model_terms(model, b, s_enc, s_dec, c),
-        encoder_layer_terms=t5_layer_terms(model, b, s_enc, s_dec, c, decoder=False),
+        model_terms=model_terms(model, b, s_enc, s_dec, c),
+        encoder_layer_terms=layer_terms(model, b, s_enc, s_dec, c, decoder=False),
         num_encoder_layers=model.num_layers, encoder_checkpointed=enc_ckpt,
         encoder_checkpoints_on_gpu=enc_on_gpu,
         encoder_checkpoint_bytes=c * b * s_enc * model.hidden_size,

@@ -24,6 +24,7 @@ from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.layouts import Plan, plan_layouts, smallest_fitting_count
 from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
 from meshtrain.plan.models import PRESETS, ModelSpec, llama_shaped, resolve_model
+from meshtrain.plan.plot import plot_phases  # imports matplotlib only when plotting
 from meshtrain.plan.report import plan_to_dict, render_plan, short_layout
 
 _DIMENSIONS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
@@ -47,16 +48,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in (*_DIMENSIONS, "num_kv_heads", "vocab_size", "num_experts", "experts_per_token"):
         model.add_argument(f"--{name.replace('_', '-')}", type=int)
     encdec = parser.add_argument_group(
-        "encoder-decoder dimensions (T5 style; with --num-decoder-layers, --num-layers counts "
-        "the encoder's blocks)")
+        "encoder-decoder dimensions (T5 or BART style; with --num-decoder-layers, --num-layers "
+        "counts the encoder's blocks)")
     encdec.add_argument("--num-decoder-layers", type=int)
-    encdec.add_argument("--head-dim", type=int, help="d_kv (default hidden / heads)")
-    encdec.add_argument("--ffn", choices=("relu", "gated_gelu"), default="relu",
-                        help="the MLP: relu (T5) or gated_gelu (T5 v1.1, Flan-T5)")
-    encdec.add_argument("--tie-embeddings", action="store_true",
-                        help="the output head is the shared embedding (T5 v1.0)")
+    encdec.add_argument("--family", choices=("t5", "bart"), default="t5",
+                        help="t5 (RMS norms, relative position bias, no biases) or bart "
+                             "(LayerNorms, learned positions, biases)")
+    encdec.add_argument("--head-dim", type=int, help="T5's d_kv (default hidden / heads)")
+    encdec.add_argument("--ffn", choices=("relu", "gated_gelu", "gelu"),
+                        help="the MLP: relu (T5's default) or gated_gelu (T5 v1.1, Flan-T5); "
+                             "gelu (BART's default) or relu")
+    encdec.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction,
+                        help="T5: the output head is the shared embedding (T5 v1.0 yes, "
+                             "v1.1 no; default no); BART always ties it")
+    encdec.add_argument("--max-position-embeddings", type=int,
+                        help="BART's learned positions per stack (default 1024, as its configs)")
     encdec.add_argument("--dropout", type=float, default=0.0,
-                        help="dropout_rate (T5's configs: 0.1)")
+                        help="every dropout rate (T5's and BART's configs: 0.1)")
     model.add_argument("--largest-layer-params", type=float,
                        help="parameters of the largest block, e.g. 2.1e8 (sizes FSDP's "
                             "gathered buffers; default: from the shape)")
@@ -141,15 +149,21 @@ def _model_shape(args: argparse.Namespace) -> ModelSpec:
 
 
 def _encoder_decoder_shape(args: argparse.Namespace) -> ModelSpec:
+    bart = args.family == "bart"
+    tie = args.tie_embeddings if args.tie_embeddings is not None else bart
+    positions = {"max_position_embeddings": args.max_position_embeddings or 1024} if bart else {}
     try:
         return ModelSpec(
-            name="custom encoder-decoder", family="t5", hidden_size=args.hidden_size,
-            num_layers=args.num_layers, num_decoder_layers=args.num_decoder_layers,
-            num_attention_heads=args.num_heads, num_key_value_heads=args.num_heads,
-            head_dim=args.head_dim, intermediate_size=args.intermediate_size,
-            vocab_size=args.vocab_size or 32128, ffn=args.ffn,
-            tie_word_embeddings=args.tie_embeddings, hidden_dropout=args.dropout,
-            attention_dropout=args.dropout)
+            name=f"custom encoder-decoder ({args.family})", family=args.family,
+            hidden_size=args.hidden_size, num_layers=args.num_layers,
+            num_decoder_layers=args.num_decoder_layers, num_attention_heads=args.num_heads,
+            num_key_value_heads=args.num_heads, head_dim=args.head_dim,
+            intermediate_size=args.intermediate_size,
+            vocab_size=args.vocab_size or (50265 if bart else 32128),
+            ffn=args.ffn or ("gelu" if bart else "relu"), tie_word_embeddings=tie,
+            qkv_bias=bart, o_bias=bart, mlp_bias=bart, hidden_dropout=args.dropout,
+            attention_dropout=args.dropout, activation_dropout=args.dropout if bart else 0.0,
+            **positions)
     except ValidationError as error:
         raise ConfigError(f"Encoder-decoder dimensions: {error.errors()[0]['msg']}") from None
 
@@ -221,8 +235,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _plot(plan: Plan, path: str) -> None:
-    from meshtrain.plan.plot import plot_phases  # matplotlib only when asked for
-
     shown = plan.best or (plan.candidates[0] if plan.candidates else None)
     if shown is None:
         raise ConfigError("--plot: no candidate layout to plot for this cluster.")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
-from meshtrain.plan.encdec import decoder_seq_len, t5_flops
+from meshtrain.plan.encdec import decoder_seq_len, encdec_flops
 from meshtrain.plan.memory import REDUCE_BYTES, Training, group_shard_elements
 from meshtrain.plan.models import ModelSpec, param_groups
 
@@ -237,10 +237,10 @@ def training_flops_per_gpu(
     """6 N_active FLOPs per token (+2 N for recomputed layers) plus attention's 12 L s h_attn.
 
     N_active leaves out the input embedding and the experts a token does not visit.
-    Encoder-decoder models: meshtrain.plan.encdec.t5_flops (each stack its own tokens).
+    Encoder-decoder models: meshtrain.plan.encdec.encdec_flops (each stack its own tokens).
     """
     if model.is_encoder_decoder:
-        return t5_flops(model, training, _tokens(degrees, training),
+        return encdec_flops(model, training, _tokens(degrees, training),
                         training.micro_batch * decoder_seq_len(model, training),
                         recompute_fraction)
     n = model.num_params

@@ -1,175 +1,89 @@
-"""Encoder-decoder models (T5 / BART style): parameters, activations and FLOPs.
+"""Encoder-decoder models: the dispatch over their families, and what they share.
 
-Family ``t5`` is Hugging Face's ``T5ForConditionalGeneration`` (T5 v1.0, v1.1, Flan-T5):
-``num_layers`` encoder blocks (self-attention, MLP) then ``num_decoder_layers`` decoder blocks
-(causal self-attention, cross-attention over the encoder's output, MLP); T5's RMS norm, no
-biases, a relative position bias (``relative_attention_num_buckets`` x heads) in the first
-block of each stack, ``num_heads x d_kv`` attention width (not necessarily ``d_model``). The
-MLP is ``relu`` (``wi``, ``wo``) or ``gated_gelu`` (``wi_0``, ``wi_1``, ``wo``; HF's
-``gelu_new``). The token embedding (``shared``) is tied into both stacks, so FSDP2 keeps it in
-the root group; the output head is tied to it too unless ``tie_word_embeddings`` is false.
-
-The encoder reads ``seq_len`` tokens, the decoder ``decoder_seq_len`` (labels) tokens.
-
-Saved activations per block (what ``saved_tensors_hooks`` reports for HF's T5 in torch 2.13,
-measured to the byte in fp32 without dropout: tests/sdk/test_plan_encdec.py), with ``T`` the
-block's tokens (b s), ``w = heads x d_kv``, ``c`` compute-dtype bytes:
-
-- each norm: fp32 input, fp32 rsqrt per token, normalised input (``4Th + 4T + cTh``; in 16-bit
-  training the input in its own dtype too: T5 multiplies the input, not its fp32 copy);
-- the projections' inputs (the norms' outputs), q, k, v and the attention output (``cTw`` each);
-- self-attention: the relative position bias needs its gradient, so SDPA runs its math path and
-  keeps the softmax (``c b heads s^2``; the decoder's causal mask, 1 byte per ``s^2``, too);
-  cross-attention's bias is a constant zero tensor and SDPA keeps its fp32 log-sum-exp
-  (``4 b heads s_dec``); with eager attention it keeps its softmax (``c b heads s_dec s_enc``);
-- cross-attention's k and v over the encoder sequence (``2 c b s_enc w`` per decoder block);
-- the MLP: relu its output (``cTi``); gated-gelu ``gelu_new``'s tanh formula, the linear branch
-  and their product (7 ``cTi``);
-- dropout (T5 configs default to 0.1) with a fused kernel: a 1-byte mask per element of the
-  attention weights (and the dropped weights, ``c``), the attention and MLP outputs and the
-  MLP's activation (and its dropped copy, which ``wo`` saves).
-
-Once per model: token ids, the relative-position bucket indices (int64 ``s^2`` per stack), the
-encoder's final norm and its output (which every cross-attention's k/v projection reads), the
-cross-attention's zero bias (``c heads s_dec s_enc``, kept by SDPA), decoder ids and labels,
-the decoder's final norm, the head's input and the log-softmax of the logits in the compute
-dtype (T5 does not upcast them before the loss).
+Families ``t5`` (meshtrain.plan.t5) and ``bart`` (meshtrain.plan.bart): ``num_layers`` encoder
+blocks then ``num_decoder_layers`` decoder blocks with cross-attention. The encoder reads
+``seq_len`` tokens, the decoder ``decoder_seq_len`` (labels) tokens. Each family module gives
+its parameter tensors, the parameters of one encoder and one decoder block, what one block and
+the model save for backward, and ModelSpec fields from its ``config.json``; this module picks
+the family and holds what does not depend on it (layout checks, checkpointed blocks, FLOPs).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.plan.bart import (
+    bart_block_params,
+    bart_groups,
+    bart_layer_terms,
+    bart_model_terms,
+    from_bart_config,
+)
+from meshtrain.plan.spec import ModelShape, ParamGroup
+from meshtrain.plan.t5 import (
+    from_t5_config,
+    t5_block_params,
+    t5_groups,
+    t5_layer_terms,
+    t5_model_terms,
+)
 
-if TYPE_CHECKING:
-    from meshtrain.plan.models import ModelSpec, ParamGroup
-
-_F32 = 4
-_I64 = 8
-
-
-def t5_groups(model: ModelSpec, *, decoder_block_only: bool = False) -> list[ParamGroup]:
-    """Every parameter tensor of a ``t5`` model (or those of one decoder block)."""
-    from meshtrain.plan.models import ParamGroup, _linear
-
-    h, w, i = model.hidden_size, model.num_attention_heads * model.attention_head_dim, \
-        model.intermediate_size
-    enc, dec = (0, 1) if decoder_block_only else (model.num_layers, model.num_decoder_layers)
-    n = enc + dec
-    groups: list[ParamGroup] = []
-    for name, count in (("", n), ("cross_", dec)):
-        groups += _linear(f"{name}q", w, h, "col", False, count)
-        groups += _linear(f"{name}k", w, h, "col", False, count)
-        groups += _linear(f"{name}v", w, h, "col", False, count)
-        groups += _linear(f"{name}o", h, w, "row", False, count)
-    groups.append(ParamGroup("layer_norms", (h,), 2 * enc + 3 * dec))
-    if model.ffn == "gated_gelu":
-        groups += _linear("wi_0", i, h, "col", False, n) + _linear("wi_1", i, h, "col", False, n)
-    else:
-        groups += _linear("wi", i, h, "col", False, n)
-    groups += _linear("wo", h, i, "row", False, n)
-    if decoder_block_only:
-        return groups
-    groups.append(ParamGroup("relative_attention_bias",
-                             (model.relative_attention_num_buckets, model.num_attention_heads), 2))
-    # `shared` is tied into encoder.embed_tokens and decoder.embed_tokens: the root's.
-    groups.append(ParamGroup("shared", (model.vocab_size, h), tp_dim=0, unit="root"))
-    groups.append(ParamGroup("final_layer_norms", (h,), 2, unit="root"))
-    if not model.tie_word_embeddings:
-        groups.append(ParamGroup("lm_head", (model.vocab_size, h), tp_dim=0, unit="head"))
-    return groups
+_GROUPS: dict[str, Callable[..., list[ParamGroup]]] = {"t5": t5_groups, "bart": bart_groups}
+_BLOCK_PARAMS: dict[str, Callable[[ModelShape], tuple[int, int]]] = {
+    "t5": t5_block_params, "bart": bart_block_params}
+_LAYER_TERMS: dict[str, Callable[..., dict[str, float]]] = {
+    "t5": t5_layer_terms, "bart": bart_layer_terms}
+_MODEL_TERMS: dict[str, Callable[..., dict[str, float]]] = {
+    "t5": t5_model_terms, "bart": bart_model_terms}
+CONFIG_MODEL_TYPES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "t5": from_t5_config, "mt5": from_t5_config, "bart": from_bart_config}
+"""HF ``model_type`` -> the family's ``config.json`` reader."""
 
 
-def _norm(t: float, h: int, c: int) -> float:
-    return _F32 * t * h + _F32 * t + c * t * h + (c * t * h if c != _F32 else 0)
+def encdec_groups(model: ModelShape, *, decoder_block_only: bool = False) -> list[ParamGroup]:
+    """Every parameter tensor of an encoder-decoder model (or those of one decoder block)."""
+    return _GROUPS[model.family](model, decoder_block_only=decoder_block_only)
 
 
-def _mlp(model: ModelSpec, t: float, c: int) -> dict[str, float]:
-    i = model.intermediate_size
-    terms = {"mlp": (7 if model.ffn == "gated_gelu" else 1) * c * t * i}
-    if model.hidden_dropout > 0:
-        terms["mlp"] += (1 + c) * t * i  # mask and the dropped activation wo saves
-    return terms
+def layer_terms(model: ModelShape, b: int, s_enc: int, s_dec: int, c: int, *,
+                decoder: bool) -> dict[str, float]:
+    """One encoder (or decoder) block's saved bytes, by tensor (the family module's docstring)."""
+    return _LAYER_TERMS[model.family](model, b, s_enc, s_dec, c, decoder=decoder)
 
 
-def _self_attention(model: ModelSpec, b: int, s: int, c: int, causal: bool) -> dict[str, float]:
-    t, w, a = b * s, model.num_attention_heads * model.attention_head_dim, \
-        model.num_attention_heads
-    scores = b * a * s * s
-    terms = {"attention_qkv": 3 * c * t * w, "attention_out": c * t * w,
-             "attention_scores": c * scores + (s * s if causal else 0)}
-    if model.attention_dropout > 0:
-        terms["attention_scores"] += (1 + c) * scores
-    return terms
+def model_terms(model: ModelShape, b: int, s_enc: int, s_dec: int, c: int) -> dict[str, float]:
+    """Bytes saved once per model, by tensor (the family module's docstring)."""
+    return _MODEL_TERMS[model.family](model, b, s_enc, s_dec, c)
 
 
-def t5_layer_terms(model: ModelSpec, b: int, s_enc: int, s_dec: int, c: int, *,
-                   decoder: bool) -> dict[str, float]:
-    """One encoder (or decoder) block's saved bytes, by tensor (module docstring)."""
-    h = model.hidden_size
-    s = s_dec if decoder else s_enc
-    t = b * s
-    norms = 3 if decoder else 2
-    terms = {"norms": norms * _norm(t, h, c), "projection_inputs": norms * c * t * h}
-    terms.update(_self_attention(model, b, s, c, causal=decoder))
-    if decoder:
-        w, a = model.num_attention_heads * model.attention_head_dim, model.num_attention_heads
-        cross = _F32 * b * a * s_dec if model.attention == "sdpa" else c * b * a * s_dec * s_enc
-        terms["cross_attention"] = 2 * c * t * w + cross
-        terms["cross_attention_kv"] = 2 * c * b * s_enc * w
-    terms.update(_mlp(model, t, c))
-    if model.hidden_dropout > 0:
-        terms["dropout_masks"] = norms * t * h
-    return terms
+def from_encdec_config(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """ModelSpec fields from the ``config.json`` of a model type in CONFIG_MODEL_TYPES."""
+    return CONFIG_MODEL_TYPES[model_type](config)
 
 
-def t5_model_terms(model: ModelSpec, b: int, s_enc: int, s_dec: int, c: int) -> dict[str, float]:
-    """Saved once per model (module docstring)."""
-    h, a = model.hidden_size, model.num_attention_heads
-    t_enc, t_dec = b * s_enc, b * s_dec
-    terms = {
-        "token_ids": _I64 * t_enc,
-        "decoder_token_ids": _I64 * t_dec,
-        "labels": _I64 * t_dec,
-        "relative_position_buckets": _I64 * (s_enc * s_enc + s_dec * s_dec),
-        "encoder_final_norm": _norm(t_enc, h, c),
-        "encoder_output": c * t_enc * h,
-        "cross_attention_bias": c * a * s_dec * s_enc if model.attention == "sdpa" else 0.0,
-        "final_norm": _norm(t_dec, h, c),
-        "head_input": c * t_dec * h,
-        "log_softmax": c * t_dec * model.vocab_size,
-        "loss": _F32,
-    }
-    if model.hidden_dropout > 0:
-        terms["embedding_dropout_mask"] = 2 * (t_enc + t_dec) * h
-    return terms
-
-
-def check_layout(model: ModelSpec, *, tensor_parallel_degree: int,
+def check_layout(model: ModelShape, *, tensor_parallel_degree: int,
                  context_parallel_degree: int) -> None:
-    """The runtime shards T5 blocks with FSDP2 (and checkpoints them), but has no tensor- or
-    context-parallel plan for them: HF's T5 has no ``base_model_tp_plan``."""
+    """The runtime shards encoder-decoder blocks with FSDP2 (and checkpoints them), but has no
+    tensor- or context-parallel plan for them: HF's T5 and BART have no ``base_model_tp_plan``."""
     if tensor_parallel_degree > 1 or context_parallel_degree > 1:
         raise ConfigError(
             f"{model.name} is an encoder-decoder model: meshtrain's runtime shards its blocks "
-            f"with FSDP but has no tensor- or context-parallel plan for them (HF's T5 has no "
-            f"base_model_tp_plan); tensor_parallel_degree={tensor_parallel_degree}, "
-            f"context_parallel_degree={context_parallel_degree}. Use 1 for both and shard "
-            "(hybrid_shard_degree) instead."
+            f"with FSDP but has no tensor- or context-parallel plan for them (HF's "
+            f"{model.family.upper()} has no base_model_tp_plan); tensor_parallel_degree="
+            f"{tensor_parallel_degree}, context_parallel_degree={context_parallel_degree}. "
+            "Use 1 for both and shard (hybrid_shard_degree) instead."
         )
 
 
-def t5_flops(model: ModelSpec, training: Any, tokens_enc: float, tokens_dec: float,
-             recompute_fraction: float) -> float:
+def encdec_flops(model: ModelShape, training: Any, tokens_enc: float, tokens_dec: float,
+                 recompute_fraction: float) -> float:
     """Training FLOPs of one micro-batch: (6 + 2 x recomputed fraction) x parameters x the
     tokens that pass them (encoder blocks: encoder tokens; decoder blocks and the head:
     decoder tokens) plus attention (12 x width x keys per query and layer)."""
-    block = t5_groups(model, decoder_block_only=True)
-    dec_block = sum(g.numel * g.count for g in block)
-    cross = sum(g.numel * g.count for g in block if g.name.startswith("cross_"))
-    enc_block = dec_block - cross - model.hidden_size
+    enc_block, dec_block = _BLOCK_PARAMS[model.family](model)
     head = model.vocab_size * model.hidden_size
     factor = 6 + 2 * recompute_fraction
     w = model.num_attention_heads * model.attention_head_dim
@@ -179,41 +93,19 @@ def t5_flops(model: ModelSpec, training: Any, tokens_enc: float, tokens_dec: flo
     return enc + dec + 6 * head * tokens_dec
 
 
-def decoder_seq_len(model: ModelSpec, training: Any) -> int:
+def decoder_seq_len(model: ModelShape, training: Any) -> int:
     """The tokens the output head and the loss see: the decoder's for an encoder-decoder."""
     if model.num_decoder_layers and training.decoder_seq_len:
         return int(training.decoder_seq_len)
     return int(training.seq_len)
 
 
-def from_t5_config(config: Any) -> dict[str, Any]:
-    """ModelSpec fields from a HF ``T5Config`` dict (t5, mt5, flan-t5 ``config.json``)."""
-    proj = str(config.get("feed_forward_proj", "relu"))
-    if proj not in ("relu", "gated-gelu"):
-        raise ConfigError(f"feed_forward_proj={proj!r}: the planner knows 'relu' and "
-                          "'gated-gelu' (T5, T5 v1.1, Flan-T5).")
-    layers = int(config["num_layers"])
-    dropout = float(config.get("dropout_rate", 0.1))
-    return {
-        "family": "t5", "hidden_size": int(config["d_model"]), "num_layers": layers,
-        "num_decoder_layers": int(config.get("num_decoder_layers") or layers),
-        "num_attention_heads": int(config["num_heads"]),
-        "num_key_value_heads": int(config["num_heads"]), "head_dim": int(config["d_kv"]),
-        "intermediate_size": int(config["d_ff"]), "vocab_size": int(config["vocab_size"]),
-        "ffn": "gated_gelu" if proj == "gated-gelu" else "relu",
-        "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
-        "relative_attention_num_buckets": int(config.get("relative_attention_num_buckets", 32)),
-        "hidden_dropout": dropout, "attention_dropout": dropout,
-        "attention": "eager" if config.get("_attn_implementation") == "eager" else "sdpa",
-    }
-
-
-def checkpointed_blocks(model: ModelSpec, interval: int) -> tuple[int, int]:
+def checkpointed_blocks(model: ModelShape, interval: int) -> tuple[int, int]:
     """(encoder, decoder) blocks checkpointed: blocks 0, n, 2n, ... of encoder then decoder."""
     enc = math.ceil(model.num_layers / interval)
     total = math.ceil(model.num_blocks / interval)
     return enc, total - enc
 
 
-__all__ = ["check_layout", "checkpointed_blocks", "decoder_seq_len", "from_t5_config",
-           "t5_flops", "t5_groups", "t5_layer_terms", "t5_model_terms"]
+__all__ = ["CONFIG_MODEL_TYPES", "check_layout", "checkpointed_blocks", "decoder_seq_len",
+           "encdec_flops", "encdec_groups", "from_encdec_config", "layer_terms", "model_terms"]

@@ -8,114 +8,32 @@ A `ModelSpec` is what the memory, activation and communication formulas read. Fa
   residual.
 - ``gpt``: the GPT layer of Korthikanti et al. 2022 (LayerNorm, 4h GELU MLP, dropout, no
   fused attention kernel), kept as the reference the paper's formulas are stated for.
-- ``t5``: encoder-decoder (T5, T5 v1.1, Flan-T5; meshtrain.plan.encdec): ``num_layers``
+- ``t5``: encoder-decoder (T5, T5 v1.1, Flan-T5; meshtrain.plan.t5): ``num_layers``
   encoder blocks and ``num_decoder_layers`` decoder blocks with cross-attention.
+- ``bart``: encoder-decoder (BART; meshtrain.plan.bart): post-norm LayerNorm blocks, GELU
+  MLP, learned positions, the shared embedding tied into both stacks and the head.
+
+The shape itself (`ModelShape`, `ParamGroup`) is meshtrain.plan.spec's; the encoder-decoder
+families are dispatched by meshtrain.plan.encdec.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import ValidationError
 
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
+from meshtrain.plan.encdec import CONFIG_MODEL_TYPES, encdec_groups, from_encdec_config
+from meshtrain.plan.spec import ModelShape, ParamGroup, linear_groups
 
-Family = Literal["llama", "mixtral", "gpt_neox", "gpt", "t5"]
 
-
-class ModelSpec(BaseModel):
-    """A transformer's shape, as the planner needs it (decoder-only, or encoder-decoder with
-    ``num_decoder_layers``; then ``num_layers`` counts the encoder's blocks)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    family: Family = "llama"
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    vocab_size: int
-    head_dim: int | None = None
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    num_experts: int = 0
-    experts_per_token: int = 0
-    rotary_fraction: float = 1.0
-    max_position_embeddings: int = 4096
-    attention: Literal["sdpa", "eager"] = "sdpa"
-    attention_dropout: float = 0.0
-    hidden_dropout: float = 0.0
-    num_decoder_layers: int = 0
-    """Encoder-decoder (family ``t5``): the decoder's blocks; 0 for decoder-only models."""
-    ffn: Literal["swiglu", "relu", "gated_gelu"] = "swiglu"
-    """The MLP of family ``t5``: ``relu`` (T5 v1.0) or ``gated_gelu`` (T5 v1.1, Flan-T5)."""
-    relative_attention_num_buckets: int = 32
-    largest_layer_params: int | None = None
-    """Parameters of the largest block, when blocks differ or only a count is known: it sizes
-    the unsharded buffers FSDP gathers per block (default: the shape's block)."""
-    declared_num_params: int | None = None
-    """Set when only the parameter count is known: the shape above is synthesized."""
-    source: str = "dimensions"
-
-    @model_validator(mode="after")
-    def _check_shape(self) -> ModelSpec:
-        for key in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads",
-                    "intermediate_size", "vocab_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
-                f"{self.num_attention_heads}; give head_dim explicitly"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if (self.family == "t5") != (self.num_decoder_layers > 0):
-            raise ValueError("family 't5' (encoder-decoder) needs num_decoder_layers > 0, and "
-                             "only it has decoder layers")
-        if self.family == "t5" and self.ffn == "swiglu":
-            raise ValueError("family 't5' has a 'relu' or 'gated_gelu' MLP (ffn)")
-        if (self.family == "mixtral") != (self.num_experts > 0):
-            raise ValueError("family 'mixtral' needs num_experts > 0, and only it has experts")
-        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
-            raise ValueError(
-                f"experts_per_token={self.experts_per_token} must be in 1..{self.num_experts}"
-            )
-        return self
-
-    @property
-    def attention_head_dim(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.attention_head_dim * self.rotary_fraction)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def is_encoder_decoder(self) -> bool:
-        return self.num_decoder_layers > 0
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks FSDP wraps one by one: encoder and decoder blocks together."""
-        return self.num_layers + self.num_decoder_layers
+class ModelSpec(ModelShape):
+    """A transformer's shape (meshtrain.plan.spec.ModelShape) and its parameter count."""
 
     @property
     def num_params(self) -> int:
@@ -123,27 +41,6 @@ class ModelSpec(BaseModel):
         if self.declared_num_params is not None:
             return self.declared_num_params
         return sum(group.numel * group.count for group in param_groups(self))
-
-
-@dataclass(frozen=True)
-class ParamGroup:
-    """`count` parameter tensors of one `shape`.
-
-    `tp_dim` is the dim tensor parallelism splits (None: replicated over the TP group);
-    `expert` tensors have the experts in dim 0, which expert parallelism splits.
-    `unit` names the FSDP unit ("layer", "embedding", "head", "root").
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    count: int = 1
-    tp_dim: int | None = None
-    expert: bool = False
-    unit: str = "layer"
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
 
 def param_groups(model: ModelSpec) -> list[ParamGroup]:
@@ -158,21 +55,11 @@ def param_groups(model: ModelSpec) -> list[ParamGroup]:
     """
     if model.declared_num_params is not None:
         return [ParamGroup("params", (model.declared_num_params,), tp_dim=0)]
-    if model.family == "t5":
-        from meshtrain.plan.encdec import t5_groups
-
-        return t5_groups(model)
+    if model.is_encoder_decoder:
+        return encdec_groups(model)
     builders = {"llama": _llama_groups, "mixtral": _llama_groups,
                 "gpt_neox": _neox_groups, "gpt": _gpt_groups}
     return builders[model.family](model)
-
-
-def _linear(name: str, out: int, inp: int, tp: str | None, bias: bool, n: int) -> list[ParamGroup]:
-    """A Linear's weight (out, in) and bias: colwise splits dim 0 and the bias, rowwise dim 1."""
-    weight = ParamGroup(name, (out, inp), n, {"col": 0, "row": 1, None: None}[tp])
-    if not bias:
-        return [weight]
-    return [weight, ParamGroup(f"{name}.bias", (out,), n, 0 if tp == "col" else None)]
 
 
 def _embeddings(model: ModelSpec, norm_params: int) -> list[ParamGroup]:
@@ -187,10 +74,10 @@ def _embeddings(model: ModelSpec, norm_params: int) -> list[ParamGroup]:
 def _llama_groups(model: ModelSpec) -> list[ParamGroup]:
     h, n, d = model.hidden_size, model.num_layers, model.attention_head_dim
     q, kv, i = model.num_attention_heads * d, model.num_key_value_heads * d, model.intermediate_size
-    groups = _linear("q_proj", q, h, "col", model.qkv_bias, n)
-    groups += _linear("k_proj", kv, h, "col", model.qkv_bias, n)
-    groups += _linear("v_proj", kv, h, "col", model.qkv_bias, n)
-    groups += _linear("o_proj", h, q, "row", model.o_bias, n)
+    groups = linear_groups("q_proj", q, h, "col", model.qkv_bias, n)
+    groups += linear_groups("k_proj", kv, h, "col", model.qkv_bias, n)
+    groups += linear_groups("v_proj", kv, h, "col", model.qkv_bias, n)
+    groups += linear_groups("o_proj", h, q, "row", model.o_bias, n)
     groups.append(ParamGroup("norms", (h,), 2 * n))
     if model.is_moe:
         e = model.num_experts
@@ -198,28 +85,28 @@ def _llama_groups(model: ModelSpec) -> list[ParamGroup]:
         groups.append(ParamGroup("experts.gate_up_proj", (e, 2 * i, h), n, 1, expert=True))
         groups.append(ParamGroup("experts.down_proj", (e, h, i), n, 2, expert=True))
     else:
-        groups += _linear("gate_proj", i, h, "col", model.mlp_bias, n)
-        groups += _linear("up_proj", i, h, "col", model.mlp_bias, n)
-        groups += _linear("down_proj", h, i, "row", model.mlp_bias, n)
+        groups += linear_groups("gate_proj", i, h, "col", model.mlp_bias, n)
+        groups += linear_groups("up_proj", i, h, "col", model.mlp_bias, n)
+        groups += linear_groups("down_proj", h, i, "row", model.mlp_bias, n)
     return groups + _embeddings(model, 1)
 
 
 def _neox_groups(model: ModelSpec) -> list[ParamGroup]:
     h, n, i = model.hidden_size, model.num_layers, model.intermediate_size
-    groups = _linear("query_key_value", 3 * h, h, "col", True, n)
-    groups += _linear("dense", h, h, "row", True, n)
-    groups += _linear("dense_h_to_4h", i, h, "col", True, n)
-    groups += _linear("dense_4h_to_h", h, i, "row", True, n)
+    groups = linear_groups("query_key_value", 3 * h, h, "col", True, n)
+    groups += linear_groups("dense", h, h, "row", True, n)
+    groups += linear_groups("dense_h_to_4h", i, h, "col", True, n)
+    groups += linear_groups("dense_4h_to_h", h, i, "row", True, n)
     groups.append(ParamGroup("layernorms", (h,), 4 * n))
     return groups + _embeddings(model, 2)
 
 
 def _gpt_groups(model: ModelSpec) -> list[ParamGroup]:
     h, n, i = model.hidden_size, model.num_layers, model.intermediate_size
-    groups = _linear("qkv", 3 * h, h, "col", True, n)
-    groups += _linear("proj", h, h, "row", True, n)
-    groups += _linear("fc1", i, h, "col", True, n)
-    groups += _linear("fc2", h, i, "row", True, n)
+    groups = linear_groups("qkv", 3 * h, h, "col", True, n)
+    groups += linear_groups("proj", h, h, "row", True, n)
+    groups += linear_groups("fc1", i, h, "col", True, n)
+    groups += linear_groups("fc2", h, i, "row", True, n)
     groups.append(ParamGroup("layernorms", (h,), 4 * n))
     groups.append(ParamGroup("position_embeddings", (model.max_position_embeddings, h),
                              unit="embedding"))
@@ -233,6 +120,15 @@ def _llama(name: str, h: int, n: int, a: int, kv: int, i: int, v: int, **kw: Any
     return ModelSpec(name=name, hidden_size=h, num_layers=n, num_attention_heads=a,
                      num_key_value_heads=kv, intermediate_size=i, vocab_size=v, source="preset",
                      **kw)
+
+
+def _bart(name: str, h: int, n: int, a: int, i: int) -> ModelSpec:
+    """facebook/bart-* (their config.json): n encoder and n decoder blocks, vocabulary 50265,
+    1024 positions, GELU MLP, biases, head tied to `shared`, every dropout 0.1."""
+    return _llama(name, h, n, a, a, i, 50265, family="bart", num_decoder_layers=n, ffn="gelu",
+                  max_position_embeddings=1024, tie_word_embeddings=True, qkv_bias=True,
+                  o_bias=True, mlp_bias=True, hidden_dropout=0.1, attention_dropout=0.1,
+                  activation_dropout=0.1)
 
 
 # Shapes from each model's published Hugging Face config.json.
@@ -258,6 +154,10 @@ PRESETS: dict[str, ModelSpec] = {
     "flan-t5-xl": _llama("flan-t5-xl", 2048, 24, 32, 32, 5120, 32128, family="t5",
                          num_decoder_layers=24, head_dim=64, ffn="gated_gelu",
                          hidden_dropout=0.1, attention_dropout=0.1),
+    # BART (d_model, encoder_layers = decoder_layers, attention heads, ffn_dim):
+    # facebook/bart-base and facebook/bart-large config.json.
+    "bart-base": _bart("bart-base", 768, 6, 12, 3072),
+    "bart-large": _bart("bart-large", 1024, 12, 16, 4096),
 }
 
 
@@ -304,10 +204,8 @@ def from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -> Mod
 
 
 def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-    if model_type in ("t5", "mt5"):
-        from meshtrain.plan.encdec import from_t5_config
-
-        return from_t5_config(config)
+    if model_type in CONFIG_MODEL_TYPES:
+        return from_encdec_config(config, model_type)
     heads = int(config["num_attention_heads"])
     fields: dict[str, Any] = {
         "hidden_size": int(config["hidden_size"]),
@@ -339,7 +237,7 @@ def _hf_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         return fields
     raise ConfigError(
         f"model_type {model_type!r} is not one the planner knows (llama, mistral, qwen2, "
-        "mixtral, gpt_neox, t5, mt5). Give its dimensions instead (--hidden-size, "
+        "mixtral, gpt_neox, t5, mt5, bart). Give its dimensions instead (--hidden-size, "
         "--num-layers, ...)."
     )
 

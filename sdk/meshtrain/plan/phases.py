@@ -58,7 +58,7 @@ from typing import Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.activations import ActivationEstimate
-from meshtrain.plan.encdec import decoder_seq_len, t5_groups
+from meshtrain.plan.encdec import decoder_seq_len, encdec_groups
 from meshtrain.plan.memory import (
     OPTIMIZER_STATE_BYTES,
     REDUCE_BYTES,
@@ -76,7 +76,8 @@ RESIDENT_TERMS = ("sharded_parameters", "optimizer_states", "sharded_gradients",
 """Terms that are model states or saved activations; the rest are a phase's buffers."""
 _BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask",
                   "decoder_token_ids", "relative_position_buckets", "encoder_final_norm",
-                  "encoder_output", "cross_attention_bias")
+                  "encoder_output", "cross_attention_bias", "position_ids",
+                  "embedding_norms")
 """Model terms that exist before the last block runs (for encoder-decoders: the encoder's)."""
 
 
@@ -148,7 +149,7 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
     block = sizes["layer"] / blocks
     if model.is_encoder_decoder:  # a decoder block (cross-attention too) is the largest
         block = sum(group_shard_elements(g, tp=tp, ep=ep, shard=shard) * g.count * shard
-                    for g in t5_groups(model, decoder_block_only=True))
+                    for g in encdec_groups(model, decoder_block_only=True))
     if model.largest_layer_params is not None:
         block = model.largest_layer_params / tp
     return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
@@ -308,7 +309,8 @@ def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> d
     c, g = step.c, step.groups
     activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
     log_softmax = acts.model_terms.get("logits_fp32", acts.model_terms.get("log_softmax", 0.0))
-    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32.
+    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32, and
+    # BART's fp32 final_logits_bias promotes them (its model_terms say logits_fp32).
     lb = c if "log_softmax" in acts.model_terms else _F32
     forward_gathered = _gathered_in_forward(step, at_head=True)
     gathered = forward_gathered - (c * g.head if step.fsdp else 0.0)

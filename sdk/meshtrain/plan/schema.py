@@ -9,9 +9,10 @@ sends per optimizer step. docs/planner.md describes every field.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from meshtrain.plan.phases import PHASES
+from meshtrain.plan.spec import Family
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -72,7 +73,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
         "convention": {"enum": ["zero", "smp"]},
         "model": _object({
             "name": {"type": "string"}, "source": {"type": "string"},
-            "family": {"enum": ["llama", "mixtral", "gpt_neox", "gpt", "t5"]},
+            "family": {"enum": list(get_args(Family))},
             **{key: _INT for key in (
                 "num_params", "hidden_size", "num_layers", "num_attention_heads",
                 "num_key_value_heads", "intermediate_size", "vocab_size", "num_experts",

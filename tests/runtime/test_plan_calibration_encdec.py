@@ -1,8 +1,11 @@
-"""The planner's encoder-decoder model against a tiny HF T5 built by `transform()` (one process).
+"""The planner's encoder-decoder models against a tiny HF T5 and BART built by `transform()`
+(one process).
 
 One process resolves to ``no_shard`` (FSDP2 over a shard group of one): `transform()` wraps every
-T5Block (encoder and decoder) as its own FSDP group (``_no_split_modules``), the tied ``shared``
-embedding and head stay in the root. fp32, no dropout, batch 2, encoder 24 tokens, decoder 16.
+block (T5Block; BartEncoderLayer, BartDecoderLayer) as its own FSDP group
+(``_no_split_modules``), the tied ``shared`` embedding and head (and BART's positional
+embeddings and embedding norms) stay in the root. fp32, no dropout, batch 2, encoder 24 tokens,
+decoder 16.
 Measured, for ``reshard_after_forward`` "auto" (no_shard keeps every group gathered) and true:
 
 - the saved activations of a transformed model's step (the runtime's SavedActivationMeter)
@@ -28,12 +31,26 @@ B, S_ENC, S_DEC = 2, 24, 16
 PHASE_BOUND = 0.10
 
 
-def _config() -> Any:
-    from transformers import T5Config
+def _config(family: str) -> Any:
+    from transformers import BartConfig, T5Config
 
+    if family == "bart":
+        return BartConfig(d_model=64, encoder_ffn_dim=160, decoder_ffn_dim=160,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_layers=2,
+                          decoder_layers=2, vocab_size=128, max_position_embeddings=64,
+                          dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                          pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                          decoder_start_token_id=2)
     return T5Config(d_model=64, d_ff=160, d_kv=16, num_heads=4, num_layers=2,
                     num_decoder_layers=2, vocab_size=128, decoder_start_token_id=0,
                     pad_token_id=0, dropout_rate=0.0, feed_forward_proj="relu")
+
+
+def _model(family: str) -> torch.nn.Module:
+    from transformers import BartForConditionalGeneration, T5ForConditionalGeneration
+
+    cls = BartForConditionalGeneration if family == "bart" else T5ForConditionalGeneration
+    return cls(_config(family))
 
 
 def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,16 +85,14 @@ def _phase_peaks(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
     return meter.peaks
 
 
-def _measure(state: Any, reshard: Any) -> dict[str, Any]:
-    from transformers import T5ForConditionalGeneration
-
+def _measure(state: Any, family: str, reshard: Any) -> dict[str, Any]:
     import meshtrain_runtime as mr
     from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
 
     state.reset()
     mr.init({"reshard_after_forward": reshard})
     torch.manual_seed(0)
-    model = mr.transform(T5ForConditionalGeneration(_config()))
+    model = mr.transform(_model(family))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids, labels = _batch(1)
     with SavedActivationMeter() as meter:
@@ -90,8 +105,8 @@ def _measure(state: Any, reshard: Any) -> dict[str, Any]:
             "strategy": mr.state.sharding_strategy}
 
 
-def _planned(reshard: Any) -> tuple[float, dict[str, float]]:
-    spec = resolve_model(_config().to_dict())
+def _planned(family: str, reshard: Any) -> tuple[float, dict[str, float]]:
+    spec = resolve_model(_config(family).to_dict())
     training = Training(seq_len=S_ENC, decoder_seq_len=S_DEC, micro_batch=B, precision="fp32")
     degrees = resolve_degrees(SMPParameters(), 1)
     acts = activation_bytes(spec, seq_len=S_ENC, decoder_seq_len=S_DEC, micro_batch=B,
@@ -103,14 +118,17 @@ def _planned(reshard: Any) -> tuple[float, dict[str, float]]:
 
 
 @pytest.mark.parametrize("reshard", ["auto", True])
-def test_t5_by_transform_against_the_plan(single_process_runtime: Any, reshard: Any) -> None:
-    measured = _measure(single_process_runtime, reshard)
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_encoder_decoder_by_transform_against_the_plan(single_process_runtime: Any, family: str,
+                                                       reshard: Any) -> None:
+    measured = _measure(single_process_runtime, family, reshard)
     assert measured["strategy"] == "no_shard"
-    saved, phases = _planned(reshard)
+    saved, phases = _planned(family, reshard)
     assert measured["saved"] == saved
-    print(f"\nT5 no_shard reshard={reshard}: saved {measured['saved']} / {saved}; " + ", ".join(
-        f"{phase} {measured['phases'][phase]} / {phases[phase]:.0f} "
-        f"({phases[phase] / measured['phases'][phase] - 1:+.1%})" for phase in PHASES))
+    report = ", ".join(f"{phase} {measured['phases'][phase]} / {phases[phase]:.0f} "
+                       f"({phases[phase] / measured['phases'][phase] - 1:+.1%})"
+                       for phase in PHASES)
+    print(f"\n{family} no_shard reshard={reshard}: saved {measured['saved']} / {saved}; {report}")
     for phase in PHASES:
         assert abs(measured["phases"][phase] / phases[phase] - 1) < PHASE_BOUND, (
             phase, measured["phases"], phases)
