@@ -151,3 +151,20 @@ def test_bad_json_file_and_environment(single_process_runtime, tmp_path, monkeyp
     monkeypatch.setenv("SM_HP_MP_PARAMETERS", "[3]")
     with pytest.raises(ConfigError, match="must hold a JSON object"):
         meshtrain_runtime.init()
+
+
+def test_the_process_group_init_started_is_torn_down_at_interpreter_exit() -> None:
+    # Outside meshtrain's rank entry nothing else ends it, and gloo's threads can then abort a
+    # finished rank during C++ teardown. atexit runs last-registered first, so the probe
+    # registered before init() sees the state after the runtime's teardown.
+    probe = """
+import atexit
+import torch.distributed as dist
+import meshtrain_runtime
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flush=True))
+meshtrain_runtime.init()
+print("initialized:", dist.is_initialized(), flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.splitlines() == ["initialized: True", "initialized at exit: False"]
