@@ -31,13 +31,18 @@ def _root_lines(path: Path) -> str:
 
 
 def build_test_image(daemon: Daemon, context: Path) -> str:
-    """`FROM scratch` + /etc files (nsswitch.conf: glibc must read /etc/hosts before DNS) +
+    """`FROM scratch` + /etc files (nsswitch.conf: glibc must read /etc/hosts before DNS;
+    alternatives) +
     the merged-/usr links + PATH to this venv. Returns the tag."""
     etc = context / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     for name in ETC_FILES:
         if Path("/etc", name).is_file():
             shutil.copy(Path("/etc", name), etc / name)
+    # Debian's alternatives: /usr/bin/which and others are links through /etc/alternatives
+    alternatives = Path("/etc/alternatives")
+    if alternatives.is_dir():
+        shutil.copytree(alternatives, etc / "alternatives", symlinks=True, dirs_exist_ok=True)
     (etc / "passwd").write_text(_root_lines(Path("/etc/passwd")))
     (etc / "group").write_text(_root_lines(Path("/etc/group")))
     for name in ("tmp", "root"):
