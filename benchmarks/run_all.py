@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one tiny layout, 2 rounds")
-    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds per layout")
+    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds per layout")
     parser.add_argument("--launch-pairs", type=int, default=3)
     parser.add_argument("--with-compile", action="store_true",
                         help="also full shard, hybrid, tp, tp x hybrid and ep with compile: true "
