@@ -262,6 +262,7 @@ def _select_device() -> torch.device:
 
 def _ensure_process_group(device: torch.device) -> bool:
     """Start torch.distributed unless the script already did; return True if we started it."""
+    global _teardown_registered
     if dist.is_initialized():
         return False
     # CPU collectives stay available on GPU hosts (object broadcasts, checkpoint metadata).
@@ -270,7 +271,6 @@ def _ensure_process_group(device: torch.device) -> bool:
         dist.init_process_group(backend=backend)
     else:  # a plain `python train.py`: a world of one process, no rendezvous needed
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-    global _teardown_registered
     if not _teardown_registered:
         atexit.register(_destroy_own_process_group)
         _teardown_registered = True
