@@ -30,6 +30,7 @@ from meshtrain.plan.bart import bart_block_params
 from meshtrain.plan.cli import plan_main
 from meshtrain.plan.models import param_groups
 from meshtrain.plan.phases import fsdp_groups
+from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
 
 B, S_ENC, S_DEC = 2, 24, 16
 
@@ -50,30 +51,21 @@ def _spec(config: BartConfig, attention: str = "sdpa"):
 
 def _saved_bytes(config: BartConfig, attention: str = "sdpa",
                  dtype: torch.dtype = torch.float32) -> int:
-    """Distinct non-parameter storages autograd saves in one training step (as
-    tests/sdk/test_plan_encdec.py counts them). In 16-bit the parameters are cast and the
+    """Distinct non-parameter storages autograd saves in one training step (the runtime's
+    SavedActivationMeter). In 16-bit the parameters are cast and the
     ``final_logits_bias`` buffer stays fp32, as under FSDP2's mixed precision."""
     torch.manual_seed(0)
     config._attn_implementation = attention
     model = BartForConditionalGeneration(config).train().to(dtype)
     model.final_logits_bias = model.final_logits_bias.float()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-    keep = []
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        keep.append(tensor)
-        return tensor
+    meter = SavedActivationMeter(parameters=model.parameters())
 
     ids = torch.randint(3, 128, (B, S_ENC), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(3, 128, (B, S_DEC), generator=torch.Generator().manual_seed(1))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with meter:
         loss = model(input_ids=ids, labels=labels, use_cache=False).loss
     loss.backward()
-    return sum(seen.values())
+    return meter.result.bytes
 
 
 def _estimate(config: BartConfig, attention: str = "sdpa", precision: str = "fp32", **kw):

@@ -1,11 +1,11 @@
 """The planner against measurements on real tiny Hugging Face models (one process, CPU).
 
 Activations: the bytes of distinct storages autograd saves for backward (parameters left out),
-counted with `torch.autograd.graph.saved_tensors_hooks`, at two sequence lengths, with and
-without activation checkpointing, fp32 and bf16, SDPA and eager attention. Model states: the
-bytes of parameters, gradients and AdamW state after one step. The planner itself never imports
-torch; only this test does. Tensor/expert/hybrid layouts are calibrated with the runtime's
-multi-process tests.
+counted by the runtime's `SavedActivationMeter` (saved-tensor hooks), at two sequence lengths,
+with and without activation checkpointing, fp32 and bf16, SDPA and eager attention. Model
+states: the bytes of parameters, gradients and AdamW state after one step. The planner itself
+never imports torch; only this test does. Tensor/expert/hybrid layouts are calibrated with the
+runtime's multi-process tests.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from transformers import (
 
 from meshtrain.contract import SMPParameters, resolve_degrees
 from meshtrain.plan import Training, activation_bytes, model_state_bytes, resolve_model
+from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
 
 BATCH = 2
 
@@ -62,22 +63,13 @@ def _build(config, cls, *, attention: str, dtype: torch.dtype, checkpointing: bo
 
 def saved_tensor_bytes(model: torch.nn.Module, seq_len: int) -> int:
     """Bytes of distinct non-parameter storages saved for backward in one training step."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-    keep = []  # hold every packed tensor so no storage address is reused mid-forward
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        keep.append(tensor)
-        return tensor
+    meter = SavedActivationMeter(parameters=model.parameters())
 
     ids = torch.randint(0, 128, (BATCH, seq_len))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with meter:
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
-    return sum(seen.values())
+    return meter.result.bytes
 
 
 CASES = [

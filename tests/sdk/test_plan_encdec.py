@@ -29,6 +29,7 @@ from meshtrain.plan import (
 from meshtrain.plan.cli import plan_main
 from meshtrain.plan.models import param_groups
 from meshtrain.plan.phases import fsdp_groups
+from meshtrain_runtime.diagnostics.memory import SavedActivationMeter
 
 B, S_ENC, S_DEC = 2, 24, 16
 
@@ -41,27 +42,18 @@ def _config(**overrides) -> T5Config:
 
 
 def _saved_bytes(config: T5Config) -> int:
-    """Distinct non-parameter storages autograd saves in one training step (as
-    tests/sdk/test_plan_calibration.py counts them)."""
+    """Distinct non-parameter storages autograd saves in one training step (the runtime's
+    SavedActivationMeter)."""
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(config).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-    keep = []
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        keep.append(tensor)
-        return tensor
+    meter = SavedActivationMeter(parameters=model.parameters())
 
     ids = torch.randint(0, 128, (B, S_ENC), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, 128, (B, S_DEC), generator=torch.Generator().manual_seed(1))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with meter:
         loss = model(input_ids=ids, labels=labels, use_cache=False).loss
     loss.backward()
-    return sum(seen.values())
+    return meter.result.bytes
 
 
 def _estimate(config: T5Config, **kw):
