@@ -21,7 +21,7 @@ from calib_support import (
     collectives_of,
     config_record,
     llama_config,
-    phase_peaks,
+    smaller_phase_peaks,
 )
 from report import report
 from torch.distributed.tensor.parallel import loss_parallel
@@ -60,12 +60,9 @@ def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bo
 
     collectives = collectives_of(step)
     loss = losses[0]
-    # A second forward and backward phase by phase (no optimizer: parameters are the baseline),
-    # measured twice with each phase's smaller figure kept, as calib_states.py does: a
-    # collective buffer gloo frees late (more of them on a loaded machine) shows in one run,
-    # a wrong model in both.
+    # A second forward and backward phase by phase (no optimizer: parameters are the baseline).
     del losses[:]
-    phases = {} if lp else _smaller_of_two(model, ids)
+    phases = {} if lp else smaller_phase_peaks(model, ids)
     report({
         "case": "activations",
         "layout": layout,
@@ -82,14 +79,6 @@ def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bo
         "phases": phases,
     })
     mr.reset()
-
-
-def _smaller_of_two(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, int]:
-    runs = []
-    for _ in range(2):
-        model.zero_grad(set_to_none=True)
-        runs.append(phase_peaks(model, ids))
-    return {phase: min(run[phase] for run in runs) for phase in runs[0]}
 
 
 def run_activation_cases() -> None:

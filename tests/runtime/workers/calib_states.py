@@ -24,7 +24,7 @@ from calib_support import (
     llama_config,
     mixtral_config,
     model_state_bytes,
-    phase_peaks,
+    smaller_phase_peaks,
 )
 from report import report
 
@@ -82,12 +82,7 @@ def run_case(case: str, params: dict[str, Any], make_config: Callable[[], Any]) 
     optimizer.zero_grad(set_to_none=True)
     generator = torch.Generator().manual_seed(300 + mr.state.dp_rank)
     ids = torch.randint(0, config.vocab_size, (LOCAL_BATCH, SEQ), generator=generator)
-    # The same step measured twice, each phase's smaller figure kept (as the test keeps the rank
-    # that measured least): the arithmetic is the same both times, so a one-off extra allocation
-    # (seen in about 1 of 4 full-suite runs: AdamW-state-sized, in one case's optimizer step)
-    # cannot fail the test, while a wrong model shows in both.
-    twice = [phase_peaks(model, ids, optimizer) for _ in range(2)]
-    phases = {phase: min(run[phase] for run in twice) for phase in twice[0]}
+    phases = smaller_phase_peaks(model, ids, optimizer)
     report({
         "case": case,
         "params": params,
