@@ -5,6 +5,9 @@ entry). For each layout named on the command line, rank 0 prints one ``RESULT {j
 
 - ``round_ratios``: interleaved rounds (A B, then B A, ...) of ``--steps`` steps each; a round's
   ratio is median step time of transform() over median step time of the hand-written model;
+- ``cpu_round_ratios``: the same rounds' CPU seconds (every thread of every rank, summed over
+  the ranks) of transform() over the hand-written model's. With more ranks than cores a step's
+  wall time is the ranks' CPU work shared out by the scheduler; this is the work itself;
 - ``memory``: per-rank local parameter bytes of both models and the theory
   ``total / (shard degree x tp degree)`` (FSDP pads dim 0 to a multiple of the shard degree;
   tensor parallelism leaves norm weights whole, so meshtrain's bytes are at or a little above it);
@@ -15,7 +18,13 @@ entry). For each layout named on the command line, rank 0 prints one ``RESULT {j
 
 Hand-written sides: ``fully_shard`` per block, embedding, head (no reshard) and root on a
 ``init_device_mesh`` mesh; TP with ``parallelize_module`` and torchtitan's Llama plan (HF names)
-from benchmarks/bench_tp_comm.py. Expert parallelism has no torch-only equivalent, so its
+from benchmarks/bench_tp_comm.py. With TP alone (no FSDP2 on top) the hand-written side also
+makes the parameters the plan leaves whole (the norms) Replicate DTensors with torch's
+``distribute_module``, as torchtitan's ``SequenceParallel`` style does: left plain beside the
+DTensor weights, torch's default AdamW on CUDA (foreach) raises "got mixed torch.Tensor and
+DTensor" (torch 2.13), so plain norms are not a layout a user could train on a GPU; on CPU AdamW
+defaults to its single-tensor path, which hides that. transform() replicates them too (and
+computes them on local tensors). Expert parallelism has no torch-only equivalent, so its
 hand-written side calls meshtrain's own building blocks (``apply_expert_parallel``,
 ``shard_experts_with_fsdp``) and ``fully_shard`` directly: that ratio measures what
 ``transform()`` adds around them, not the expert kernels. With ``compile`` both sides compile
@@ -42,7 +51,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -74,9 +83,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=2)
     return parser.parse_args(argv)
 
@@ -127,6 +136,8 @@ def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -
         return _ep_by_hand(model, mesh, replicate, compile_blocks=params.get("compile", False))
     if tp > 1:
         parallelize_module(model, mesh["tp"], torch_plan(model, sp=False, lp=False))
+        if replicate * shard == 1:  # with FSDP2 on top every parameter is a DTensor already
+            replicate_whole_parameters(model, mesh["tp"])
     if params.get("compile"):  # torchtitan: per block, after TP, before FSDP
         for layer in model.model.layers:
             layer.compile()
@@ -135,6 +146,23 @@ def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -
     if replicate * shard > 1:
         shard_by_hand(model, mesh, replicate)
     return model
+
+
+def replicate_whole_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Every module with plain-tensor parameters computes on Replicate DTensors (torch's
+    ``distribute_module``: parameters replicated, inputs in as DTensors, outputs out local)."""
+
+    def inputs_in(_module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                     if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x
+                     for x in inputs)
+
+    def output_out(_module: nn.Module, output: Any, _mesh: DeviceMesh) -> Any:
+        return output.to_local() if isinstance(output, DTensor) else output
+
+    for module in list(model.modules()):
+        if any(not isinstance(p, DTensor) for p in module.parameters(recurse=False)):
+            distribute_module(module, tp_mesh, input_fn=inputs_in, output_fn=output_out)
 
 
 def _wait_for_embedding(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
@@ -171,15 +199,20 @@ def step_fn(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tenso
     return step
 
 
-def timed(step, count: int) -> list[float]:
-    times = []
+def timed(step, count: int) -> tuple[list[float], float]:
+    """Wall seconds of each of `count` steps, and the CPU seconds of all of them summed over
+    the ranks (this process's every thread: gloo's included)."""
+    times, cpu = [], 0.0
     for _ in range(count):
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         step()
+        cpu += time.process_time() - cpu_start
         dist.barrier()
         times.append(time.perf_counter() - start)
-    return times
+    total = torch.tensor([cpu], dtype=torch.float64)
+    dist.all_reduce(total)  # outside the timed steps
+    return times, float(total)
 
 
 def local_bytes(model: nn.Module) -> int:
@@ -188,6 +221,12 @@ def local_bytes(model: nn.Module) -> int:
         t = p.to_local() if isinstance(p, DTensor) else p
         total += t.numel() * t.element_size()
     return total
+
+
+def plain_parameters(model: nn.Module) -> int:
+    """How many parameters are plain tensors (0: both sides train DTensors only, so torch's
+    foreach optimizers accept them)."""
+    return sum(not isinstance(p, DTensor) for p in model.parameters())
 
 
 def fsdp_theory(model: nn.Module, replicate: int, shard: int) -> dict[str, int]:
@@ -233,14 +272,15 @@ def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
     comm = {k: collectives(s) for k, s in steps.items()} if kind == "llama" else {}
     for step in steps.values():
         timed(step, args.warmup)
-    ratios, samples = [], {k: [] for k in steps}
+    ratios, cpu_ratios, samples = [], [], {k: [] for k in steps}
     for index in range(args.rounds):
-        medians = {}
+        medians, cpu = {}, {}
         for key in (list(steps) if index % 2 == 0 else list(reversed(steps))):
-            times = timed(steps[key], args.steps)
+            times, cpu[key] = timed(steps[key], args.steps)
             samples[key].extend(times)
             medians[key] = statistics.median(times)
         ratios.append(medians["transform"] / medians["by_hand"])
+        cpu_ratios.append(cpu["transform"] / cpu["by_hand"])
     memory = {"transform_bytes": local_bytes(models["transform"]),
               "by_hand_bytes": local_bytes(models["by_hand"]),
               "theory_bytes": theory_bytes_total // (shard * tp)}
@@ -249,9 +289,10 @@ def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"layout": name, "null": name in NULL_LAYOUTS, "parameters": params,
             "ranks": dist.get_world_size(),
             "mesh": {"replicate": replicate, "shard": shard, "tp": tp},
-            "round_ratios": ratios,
+            "round_ratios": ratios, "cpu_round_ratios": cpu_ratios,
             "step_ms": {k: 1e3 * statistics.median(v) for k, v in samples.items()},
-            "memory": memory, "collective_bytes": comm}
+            "memory": memory, "collective_bytes": comm,
+            "plain_parameters": {k: plain_parameters(m) for k, m in models.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:

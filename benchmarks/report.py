@@ -49,8 +49,10 @@ def collective_totals(per_op: Mapping[str, int] | None) -> int | None:
 
 
 def layout_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """One layout's record: overhead ratio and spread, memory and collectives vs theory."""
+    """One layout's record: overhead ratio and spread (wall time; CPU time beside it when
+    measured), memory and collectives vs theory."""
     spread = summarize_ratios(raw["round_ratios"])
+    cpu = summarize_ratios(raw["cpu_round_ratios"]) if raw.get("cpu_round_ratios") else None
     memory = raw["memory"]
     comm = raw.get("collective_bytes") or {}
     measured = collective_totals(comm.get("transform"))
@@ -64,7 +66,11 @@ def layout_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
         "parameters": raw["parameters"],
         "overhead_ratio": spread["median"],
         "overhead_spread": {k: spread[k] for k in ("q1", "q3", "min", "max", "n")},
+        "cpu_overhead_ratio": cpu["median"] if cpu else None,
+        "cpu_overhead_spread": {k: cpu[k] for k in ("q1", "q3", "min", "max", "n")} if cpu
+        else None,
         "step_ms": raw["step_ms"],
+        "plain_parameters": raw.get("plain_parameters"),
         "memory": {
             **memory,
             "over_theory": _ratio(memory["transform_bytes"], memory["theory_bytes"]),
@@ -150,6 +156,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _cpu_cell(entry: Mapping[str, Any]) -> str:
+    spread = entry.get("cpu_overhead_spread")
+    if not spread:
+        return "-"
+    return (f"{_fmt(entry['cpu_overhead_ratio'])} "
+            f"({_fmt(spread['q1'])}..{_fmt(spread['q3'])})")
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The markdown table of a report (what run_all.py prints and writes next to the JSON)."""
     machine = report["machine"]
@@ -157,9 +171,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"Machine: {machine.get('description', '?')} ({machine.get('cpus', '?')} CPUs, "
         f"torch {machine.get('torch', '?')}, load average (1 min) {machine.get('load', '?')})",
         "",
-        "| layout | ranks | overhead ratio | q1..q3 | step ms (transform / by hand) "
-        "| param bytes/rank vs theory | collective bytes vs theory |",
-        "|---|---|---|---|---|---|---|",
+        "| layout | ranks | overhead ratio | q1..q3 | CPU-time ratio (q1..q3) "
+        "| step ms (transform / by hand) | param bytes/rank vs theory "
+        "| collective bytes vs theory |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in report["layouts"].items():
         spread = entry["overhead_spread"]
@@ -167,7 +182,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         label = f"{name} (hand-written vs itself)" if entry.get("null") else name
         lines.append(
             f"| {label} | {entry['ranks']} | {_fmt(entry['overhead_ratio'])} | "
-            f"{_fmt(spread['q1'])}..{_fmt(spread['q3'])} | "
+            f"{_fmt(spread['q1'])}..{_fmt(spread['q3'])} | {_cpu_cell(entry)} | "
             f"{step['transform']:.1f} / {step['by_hand']:.1f} | "
             f"{_fmt(entry['memory']['over_theory'], 4)} | "
             f"{_fmt(entry['collectives']['over_theory'], 4)} |"

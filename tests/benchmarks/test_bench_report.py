@@ -1,9 +1,11 @@
 """`make bench`'s aggregation (benchmarks/report.py) on hand-made inputs, and its smoke run.
 
 The unit tests check the arithmetic (medians, quartiles, ratios vs theory, goals, the markdown
-table) without timing anything. The smoke test runs benchmarks/run_all.py --smoke: one tiny
-layout (full shard, 2 gloo ranks) end to end, into a temporary directory; it asserts the shape
-and the exact (machine-independent) figures: parameter bytes and collective bytes equal theory.
+table) without timing anything. The smoke test runs benchmarks/run_all.py --smoke: a tiny model
+in full shard and tp on 2 gloo ranks, end to end, into a temporary directory; it asserts the
+shape and the exact (machine-independent) figures: parameter bytes and collective bytes equal
+theory, and both sides train DTensors only (the hand-written tp replicates its norms as
+transform() does, so AdamW's foreach path, CUDA's default, would accept either).
 """
 
 from __future__ import annotations
@@ -70,6 +72,21 @@ def test_missing_collective_theory_is_none_not_zero() -> None:
         report.build_report([raw], machine={"description": "m"}))
 
 
+def test_cpu_time_ratios_are_summarised_beside_the_wall_clock_ones() -> None:
+    raw = _raw("tp", [1.04, 1.06, 1.05], cpu_round_ratios=[0.99, 1.01, 1.0, 1.02, 0.98])
+    entry = report.layout_entry(raw)
+    assert entry["overhead_ratio"] == pytest.approx(1.05)  # the goal stays on wall time
+    assert entry["cpu_overhead_ratio"] == pytest.approx(1.0)
+    assert entry["cpu_overhead_spread"]["n"] == 5
+    assert entry["cpu_overhead_spread"]["q1"] == pytest.approx(0.99)
+    result = report.build_report([raw], machine={"description": "box"})
+    assert result["goals_met"]["overhead_ratio_le_1.03"] is False
+    assert "| tp | 4 | 1.050 | 1.045..1.055 | 1.000 (0.990..1.010) |" in \
+        report.render_markdown(result)
+    old = report.layout_entry(_raw("tp", [1.0]))  # a record from before CPU time was measured
+    assert old["cpu_overhead_ratio"] is None and old["cpu_overhead_spread"] is None
+
+
 def test_launch_entry_pairs_ratios() -> None:
     launch = report.launch_entry([11.0, 12.0, 9.0], [10.0, 10.0, 10.0])
     assert launch["overhead_ratio"] == pytest.approx(1.1)
@@ -88,7 +105,7 @@ def test_goals_and_markdown() -> None:
     assert slow["goals_met"] == {"overhead_ratio_le_1.03": False, "launch_le_1.2": False}
     table = report.render_markdown(slow)
     assert "Machine: box" in table
-    assert "| full_shard | 4 | 1.055 | 1.053..1.058 | 10.0 / 9.0 | 1.1000 | 1.5000 |" in table
+    assert "| full_shard | 4 | 1.055 | 1.053..1.058 | - | 10.0 / 9.0 | 1.1000 | 1.5000 |" in table
     assert "fit() / raw torchrun = 1.500" in table
 
 
@@ -127,9 +144,14 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     entry = result["layouts"]["full_shard"]
     assert entry["ranks"] == 2 and entry["overhead_spread"]["n"] == 2
     assert entry["overhead_ratio"] > 0
+    assert entry["cpu_overhead_spread"]["n"] == 2 and entry["cpu_overhead_ratio"] > 0
     # Byte figures do not depend on the machine: FSDP2 moves exactly what theory says.
     assert entry["memory"]["transform_bytes"] == entry["memory"]["by_hand_bytes"]
     assert entry["memory"]["over_theory"] == 1.0
     assert entry["collectives"]["over_theory"] == 1.0
     assert entry["collectives"]["over_by_hand"] == 1.0
     assert "| full_shard | 2 |" in (tmp_path / "latest.md").read_text()
+    tp = result["layouts"]["tp"]
+    assert tp["mesh"]["tp"] == 2 and tp["memory"]["over_by_hand"] == 1.0
+    for layout in (entry, tp):
+        assert layout["plain_parameters"] == {"transform": 0, "by_hand": 0}, layout
