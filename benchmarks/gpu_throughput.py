@@ -1,0 +1,284 @@
+"""GPU benchmark: transform() against the same layout written by hand with torch, on one GPU.
+
+Issue 20's table: step time, tokens/s, MFU and peak memory of a ~1.1B Llama-style model
+(hidden 2048, 22 layers, 32/4 heads, intermediate 5632, vocab 32000, seq 2048, batch 4; fp32
+parameters and AdamW state, bf16 compute: ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`` by hand, ``mixed_precision: "bf16"`` through transform()). Each variant is
+built fresh from one seed in this process (a world of one rank):
+
+  torch_*        hand-written: checkpoint_wrapper per block (``_ac``), ``block.compile()`` per
+                 block (``_compile``), then fully_shard per block and on the root (torchtitan's
+                 order), AdamW; ``_fused``: AdamW(fused=True)
+  transform_*    the same through init() / transform(): activation_checkpointing, compile
+  transform_ac_offload_fused   checkpointing + activation_offloading, fused AdamW
+  transform_cpu_offload_fused  cpu_offload (parameters, gradients, optimizer state on the host)
+  torch_fp8_compile_fused  torchao's float8 training (needs torchao and compute capability 9.0+)
+
+The comparisons print transform / torch for the same setup; the goal (issue 20): with compile
+and checkpointing, transform()'s step time <= 1.02x the hand-written compiled one. HF models
+are called with ``use_cache=False`` on every side (a KV cache would cost ~2 GiB here).
+
+    python benchmarks/gpu_throughput.py --json gpu.json          # on a CUDA GPU
+    python benchmarks/gpu_throughput.py --smoke                  # tiny model on CPU: checks the
+                                                                 # script, no meaningful figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+GIB = 1024**3
+PAIRS = ["ac", "ac_fused", "ac_compile_fused", "compile_fused", "none"]
+GOAL = ("ac_compile_fused", 1.02)
+VARIANTS = [*(f"{side}_{setup}" for setup in PAIRS for side in ("torch", "transform")),
+            "transform_ac_offload_fused", "transform_cpu_offload_fused",
+            "torch_fp8_compile_fused"]
+SMOKE_VARIANTS = [*(f"{side}_{setup}" for setup in ("ac", "ac_fused", "none")
+                    for side in ("torch", "transform")),
+                  "transform_ac_offload_fused", "transform_cpu_offload_fused",
+                  "torch_fp8_compile_fused"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("layers", 22), ("hidden", 2048), ("intermediate", 5632),
+                          ("heads", 32), ("kv-heads", 4), ("vocab", 32000), ("seq-len", 2048),
+                          ("batch-size", 4), ("warmup", 3), ("steps", 10)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--variants", help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model on any device, 2 steps: checks the script, not speed")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads = 2, 64, 128, 4, 2
+        args.vocab, args.seq_len, args.batch_size, args.warmup, args.steps = 128, 32, 2, 1, 2
+    names = args.variants.split(",") if args.variants else (
+        SMOKE_VARIANTS if args.smoke else VARIANTS)
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    args.variant_list = names
+    return args
+
+
+def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+        max_position_embeddings=args.seq_len, attn_implementation="sdpa", use_cache=False,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        return LlamaForCausalLM(config).train()
+
+
+def skip_reason(name: str, device: torch.device) -> str | None:
+    """Why variant `name` cannot run here, or None."""
+    if "cpu_offload" in name and device.type != "cuda":
+        return "cpu_offload moves parameters from a GPU to the host; this host has no GPU"
+    if "fp8" not in name:
+        return None
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return "float8 matmuls need a CUDA GPU of compute capability 9.0+ (H100 class)"
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return "torchao is not installed (pip install torchao)"
+    return None
+
+
+def by_hand(name: str, model: nn.Module, device: torch.device) -> nn.Module:
+    """torchtitan's order written out: float8, checkpointing, compile per block, fully_shard."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if "fp8" in name:
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "lm_head")
+    block_type = type(model.model.layers[0])
+    if "_ac" in name:
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
+                                       check_fn=lambda module: isinstance(module, block_type))
+    if "compile" in name:
+        for block in model.model.layers:
+            block.compile()
+    mesh = init_device_mesh(device.type, (1,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if device.type == "cuda" else MixedPrecisionPolicy()
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def through_transform(name: str, model: nn.Module, device: torch.device) -> nn.Module:
+    import meshtrain_runtime as mr
+
+    params: dict[str, Any] = {
+        "activation_checkpointing": "_ac" in name,
+        "compile": "compile" in name,
+        "activation_offloading": "_ac_offload" in name,
+        "cpu_offload": "cpu_offload" in name,
+    }
+    if device.type == "cuda":
+        params["mixed_precision"] = "bf16"
+    mr.reset()
+    mr.init(params)
+    return mr.transform(model)
+
+
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+              losses: list[float]) -> Callable[[], None]:
+    def step() -> None:
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not losses:
+            losses.append(float(loss.detach()))
+
+    return step
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_steps(step: Callable[[], None], count: int, device: torch.device) -> list[float]:
+    times = []
+    for _ in range(count):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Build variant `name`; warm up (compiling where asked), measure one step's memory, then
+    time `args.steps` steps."""
+    from meshtrain_runtime.diagnostics.memory import measure_step_memory
+    from meshtrain_runtime.throughput import FlopCounter, peak_flops_per_device
+
+    reason = skip_reason(name, device)
+    if reason:
+        return {"variant": name, "skipped": reason}
+    prepare = by_hand if name.startswith("torch_") else through_transform
+    model = prepare(name, build_model(args, device), device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                  fused=True if name.endswith("_fused") else None)
+    ids = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=device,
+                        generator=torch.Generator(device=device).manual_seed(1))
+    losses: list[float] = []
+    step = make_step(model, optimizer, ids, losses)
+    try:
+        timed_steps(step, args.warmup, device)
+        memory = measure_step_memory(step, device=device) if "compile" not in name else None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times = timed_steps(step, args.steps, device)
+    except torch.cuda.OutOfMemoryError:
+        return {"variant": name, "skipped": "out of memory"}
+    step_s = statistics.median(times)
+    tokens_per_s = args.batch_size * args.seq_len / step_s
+    flops = FlopCounter.build(model, seq_len=args.seq_len).per_token * tokens_per_s
+    peak = peak_flops_per_device()
+    return {
+        "variant": name, "skipped": None, "first_loss": losses[0], "step_s": step_s,
+        "tokens_per_s": tokens_per_s, "mfu": flops / peak if peak else None,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda" else None,
+        "saved_activation_bytes": memory.saved_activation_bytes if memory else None,
+    }
+
+
+def comparisons(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """transform / torch for every setup both sides ran."""
+    rows = []
+    for setup in PAIRS:
+        ours, theirs = results.get(f"transform_{setup}"), results.get(f"torch_{setup}")
+        if not ours or not theirs or ours["skipped"] or theirs["skipped"]:
+            continue
+        row = {"setup": setup, "step_time_ratio": ours["step_s"] / theirs["step_s"],
+               "first_loss_difference": abs(ours["first_loss"] - theirs["first_loss"])}
+        if ours["peak_allocated_bytes"] and theirs["peak_allocated_bytes"]:
+            row["peak_memory_ratio"] = ours["peak_allocated_bytes"] / theirs["peak_allocated_bytes"]
+        if setup == GOAL[0]:
+            row["goal"] = f"<= {GOAL[1]}"
+            row["goal_met"] = row["step_time_ratio"] <= GOAL[1]
+        rows.append(row)
+    return rows
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def report(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], device: str) -> str:
+    lines = [f"device: {device}", "", "| setup | step ms | tokens/s | MFU % | peak GiB |",
+             "|---|---|---|---|---|"]
+    for name, r in results.items():
+        if r["skipped"]:
+            lines.append(f"| {name} | skipped: {r['skipped']} | | | |")
+            continue
+        peak, mfu = r["peak_allocated_bytes"], r["mfu"]
+        lines.append(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
+                     f"{_cell(mfu and 100 * mfu, '.1f')} | {_cell(peak and peak / GIB, '.2f')} |")
+    lines.append("")
+    for row in rows:
+        memory = row.get("peak_memory_ratio")
+        goal = f" (goal {row['goal']}: {'met' if row['goal_met'] else 'missed'})" \
+            if "goal" in row else ""
+        lines.append(f"transform / torch, {row['setup']}: step time "
+                     f"x{row['step_time_ratio']:.3f}{goal}"
+                     + (f", peak memory x{memory:.3f}" if memory else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("gpu_throughput.py needs a CUDA GPU: torch.cuda.is_available() is False on this "
+              "host. Run it on a GPU machine, or pass --smoke for a tiny run that only checks "
+              "the script (no meaningful numbers).", file=sys.stderr)
+        return 2
+    import meshtrain_runtime as mr
+
+    device = mr.init({}).device  # a world of one rank (the hand-written sides need its group)
+    results = {}
+    for name in args.variant_list:
+        torch._dynamo.reset()  # each compiled variant compiles its own blocks afresh
+        results[name] = run_variant(name, args, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    rows = comparisons(results)
+    label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(report(results, rows, label))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": label, "args": {k: v for k, v in vars(args).items()},
+                       "results": results, "comparisons": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
