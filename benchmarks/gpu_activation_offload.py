@@ -24,54 +24,31 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 
-GIB = 1024**3
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
+
+import gpu_common as common
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=22)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--intermediate", type=int, default=5632)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    common.add_arguments(parser, seq_len=4096, batch_size=2, warmup=2, steps=5)
     parser.add_argument("--horizons", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny model, any device, 1 step: checks the script, not performance")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads = 3, 64, 128, 4, 2
-        args.vocab, args.seq_len, args.batch_size, args.warmup, args.steps = 128, 64, 2, 0, 1
+    common.shrink_for_smoke(args, layers=3, seq_len=64, warmup=0, steps=1)
     return args
 
 
 def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
-        max_position_embeddings=args.seq_len, attn_implementation="sdpa",
-        use_cache=False,  # else every variant keeps a KV cache (~2 GiB at 1.1B, seq 4096)
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return model.to(dtype).train()
+    """The benchmark's Llama in bf16 on a GPU (no optimizer here: no fp32 master copy)."""
+    model = common.build_llama(args, device)
+    return model.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
 def apply_variant(name: str, model: nn.Module) -> nn.Module:
@@ -118,11 +95,6 @@ def make_step(model: nn.Module, ids: torch.Tensor) -> Callable[[], None]:
     return step
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     """Build variant `name`, run warm-up, one measured step for memory, then timed steps."""
     from meshtrain_runtime.diagnostics.memory import measure_step_memory
@@ -137,13 +109,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
         for _ in range(args.warmup):
             step()
         memory = measure_step_memory(step, device=device)
-        times = []
-        for _ in range(args.steps):
-            synchronize(device)
-            start = time.perf_counter()
-            step()
-            synchronize(device)
-            times.append(time.perf_counter() - start)
+        times = common.timed_steps(step, args.steps, device)
     except torch.cuda.OutOfMemoryError:
         return {"variant": name, "oom": True}
     finally:
@@ -196,9 +162,9 @@ def print_report(results: dict[str, dict], rows: list[dict], device: str) -> Non
             print(f"{name:28} {'out of memory':>40}")
             continue
         peak = r["peak_allocated_bytes"]
-        peak_text = f"{peak / GIB:9.2f}" if peak is not None else f"{'-':>9}"
+        peak_text = f"{peak / common.GIB:9.2f}" if peak is not None else f"{'-':>9}"
         print(f"{name:28} {r['step_s'] * 1e3:9.1f} {r['tokens_per_s']:10.0f} {peak_text} "
-              f"{r['saved_activation_bytes'] / GIB:10.3f}")
+              f"{r['saved_activation_bytes'] / common.GIB:10.3f}")
     for row in rows:
         memory = row.get("peak_memory_ratio")
         memory_text = f", peak memory x{memory:.3f}" if memory is not None else ""
@@ -208,10 +174,7 @@ def print_report(results: dict[str, dict], rows: list[dict], device: str) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available() and not args.smoke:
-        print("gpu_activation_offload.py needs a CUDA GPU: torch.cuda.is_available() is False "
-              "on this host. Run it on a GPU machine, or pass --smoke for a tiny run that only "
-              "checks the script (no meaningful numbers).", file=sys.stderr)
+    if not common.require_gpu_unless_smoke("gpu_activation_offload.py", args.smoke):
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     variants = ["torch_none", "torch_ac", "meshtrain_ac", "torch_ac_offload",

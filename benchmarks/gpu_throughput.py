@@ -29,14 +29,17 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-GIB = 1024**3
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
+
+import gpu_common as common
+
 PAIRS = ["ac", "ac_fused", "ac_compile_fused", "compile_fused", "none"]
 GOAL = ("ac_compile_fused", 1.02)
 VARIANTS = [*(f"{side}_{setup}" for setup in PAIRS for side in ("torch", "transform")),
@@ -50,18 +53,10 @@ SMOKE_VARIANTS = [*(f"{side}_{setup}" for setup in ("ac", "ac_fused", "none")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in (("layers", 22), ("hidden", 2048), ("intermediate", 5632),
-                          ("heads", 32), ("kv-heads", 4), ("vocab", 32000), ("seq-len", 2048),
-                          ("batch-size", 4), ("warmup", 3), ("steps", 10)):
-        parser.add_argument(f"--{name}", type=int, default=default)
+    common.add_arguments(parser, seq_len=2048, batch_size=4, warmup=3, steps=10)
     parser.add_argument("--variants", help=f"comma-separated subset of: {', '.join(VARIANTS)}")
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny model on any device, 2 steps: checks the script, not speed")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads = 2, 64, 128, 4, 2
-        args.vocab, args.seq_len, args.batch_size, args.warmup, args.steps = 128, 32, 2, 1, 2
+    common.shrink_for_smoke(args, layers=2, seq_len=32, warmup=1, steps=2)
     names = args.variants.split(",") if args.variants else (
         SMOKE_VARIANTS if args.smoke else VARIANTS)
     unknown = sorted(set(names) - set(VARIANTS))
@@ -69,20 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     args.variant_list = names
     return args
-
-
-def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
-        max_position_embeddings=args.seq_len, attn_implementation="sdpa", use_cache=False,
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        return LlamaForCausalLM(config).train()
 
 
 def skip_reason(name: str, device: torch.device) -> str | None:
@@ -157,22 +138,6 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Ten
     return step
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed_steps(step: Callable[[], None], count: int, device: torch.device) -> list[float]:
-    times = []
-    for _ in range(count):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Build variant `name`; warm up (compiling where asked), measure one step's memory, then
     time `args.steps` steps."""
@@ -183,7 +148,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
     if reason:
         return {"variant": name, "skipped": reason}
     prepare = by_hand if name.startswith("torch_") else through_transform
-    model = prepare(name, build_model(args, device), device)
+    model = prepare(name, common.build_llama(args, device), device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
                                   fused=True if name.endswith("_fused") else None)
     ids = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=device,
@@ -191,11 +156,11 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
     losses: list[float] = []
     step = make_step(model, optimizer, ids, losses)
     try:
-        timed_steps(step, args.warmup, device)
+        common.timed_steps(step, args.warmup, device)
         memory = measure_step_memory(step, device=device) if "compile" not in name else None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        times = timed_steps(step, args.steps, device)
+        times = common.timed_steps(step, args.steps, device)
     except torch.cuda.OutOfMemoryError:
         return {"variant": name, "skipped": "out of memory"}
     step_s = statistics.median(times)
@@ -242,7 +207,8 @@ def report(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], devic
             continue
         peak, mfu = r["peak_allocated_bytes"], r["mfu"]
         lines.append(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
-                     f"{_cell(mfu and 100 * mfu, '.1f')} | {_cell(peak and peak / GIB, '.2f')} |")
+                     f"{_cell(mfu and 100 * mfu, '.1f')} | "
+                     f"{_cell(peak and peak / common.GIB, '.2f')} |")
     lines.append("")
     for row in rows:
         memory = row.get("peak_memory_ratio")
@@ -256,10 +222,7 @@ def report(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], devic
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available() and not args.smoke:
-        print("gpu_throughput.py needs a CUDA GPU: torch.cuda.is_available() is False on this "
-              "host. Run it on a GPU machine, or pass --smoke for a tiny run that only checks "
-              "the script (no meaningful numbers).", file=sys.stderr)
+    if not common.require_gpu_unless_smoke("gpu_throughput.py", args.smoke):
         return 2
     import meshtrain_runtime as mr
 
