@@ -30,10 +30,10 @@ sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402  (a sibling module of this script, not a package)
 
-# The timed model: a step of hidden 64 / seq 32 (~100 ms on 4 ranks of 2 cores) is mostly gloo
-# round trips and the scheduler: its rounds' ratios spread +-5 % and the median of 40 rounds
-# moved by up to 6 % between runs of the same code. At hidden 256 / seq 128 the rounds spread
-# +-2.5 %, and a median of 40 rounds resolves the 3 % goal. The smoke run keeps the tiny one.
+# The timed model. At hidden 64 / seq 32 a step (~60 ms on 4 ranks of 2 cores) is mostly gloo
+# round trips and the scheduler: the median of 40 rounds moved by up to 0.12 between runs of the
+# same code (benchmarks/RESULTS.md, runs 3-5). At hidden 256 / seq 128 (~200 ms) no layout's
+# median moved by more than 0.035 in five runs (runs 6-10). The smoke run keeps the tiny model.
 MODEL = ["--hidden", "256", "--layers", "2", "--seq", "128", "--batch", "2"]
 SMOKE_MODEL = ["--hidden", "64", "--layers", "2", "--seq", "32", "--batch", "2"]
 
