@@ -10,9 +10,11 @@ built fresh from one seed in this process (a world of one rank):
                  block (``_compile``), then fully_shard per block and on the root (torchtitan's
                  order), AdamW; ``_fused``: AdamW(fused=True)
   transform_*    the same through init() / transform(): activation_checkpointing, compile
+  *_fp8_compile_fused          torchao's float8 linears (by hand: convert_to_float8_training
+                               but the head; ``fp8: true``), compiled, fused AdamW; needs
+                               torchao and compute capability 9.0+
   transform_ac_offload_fused   checkpointing + activation_offloading, fused AdamW
   transform_cpu_offload_fused  cpu_offload (parameters, gradients, optimizer state on the host)
-  torch_fp8_compile_fused  torchao's float8 training (needs torchao and compute capability 9.0+)
 
 The comparisons print transform / torch for the same setup; the goal (issue 20): with compile
 and checkpointing, transform()'s step time <= 1.02x the hand-written compiled one. HF models
@@ -40,15 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a
 
 import gpu_common as common
 
-PAIRS = ["ac", "ac_fused", "ac_compile_fused", "compile_fused", "none"]
+PAIRS = ["ac", "ac_fused", "ac_compile_fused", "compile_fused", "none", "fp8_compile_fused"]
 GOAL = ("ac_compile_fused", 1.02)
 VARIANTS = [*(f"{side}_{setup}" for setup in PAIRS for side in ("torch", "transform")),
-            "transform_ac_offload_fused", "transform_cpu_offload_fused",
-            "torch_fp8_compile_fused"]
+            "transform_ac_offload_fused", "transform_cpu_offload_fused"]
 SMOKE_VARIANTS = [*(f"{side}_{setup}" for setup in ("ac", "ac_fused", "none")
                     for side in ("torch", "transform")),
                   "transform_ac_offload_fused", "transform_cpu_offload_fused",
-                  "torch_fp8_compile_fused"]
+                  "torch_fp8_compile_fused", "transform_fp8_compile_fused"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,6 +118,7 @@ def through_transform(name: str, model: nn.Module, device: torch.device) -> nn.M
         "compile": "compile" in name,
         "activation_offloading": "_ac_offload" in name,
         "cpu_offload": "cpu_offload" in name,
+        "fp8": "fp8" in name,
     }
     if device.type == "cuda":
         params["mixed_precision"] = "bf16"

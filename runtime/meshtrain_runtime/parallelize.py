@@ -1,7 +1,8 @@
 """``transform(model)``: apply the parallelism the SMP parameters ask for, in a fixed order.
 
 The order (design.md) lives in one short function, one line per stage:
-model converters -> tensor / expert parallelism -> activation checkpointing / offloading ->
+model converters (the parameter dtype; float8 linears in the blocks with ``fp8: true``) ->
+tensor / expert parallelism -> activation checkpointing / offloading ->
 per-block torch.compile (``compile: true``) -> FSDP2 (experts over their own mesh first, then
 blocks and root) -> materialisation of meta-device models. Context parallelism is not part of
 this build: asking for it raises a ConfigError before the model is touched.
@@ -35,10 +36,10 @@ from meshtrain_runtime.parallel.activations import (
 from meshtrain_runtime.parallel.blocks import BlockSpec, find_blocks
 from meshtrain_runtime.parallel.compile import apply_compile, check_compile
 from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
+from meshtrain_runtime.parallel.float8 import apply_float8, check_fp8
 from meshtrain_runtime.parallel.fsdp import (
     FSDPOptions,
     apply_fsdp,
-    check_fp8,
     data_parallel_mesh,
     expert_data_parallel_mesh,
     find_embedding_and_head,
@@ -96,6 +97,8 @@ def transform(
             tensor_parallel_degree=st.tensor_parallel_degree,
             expert_parallel_degree=st.expert_parallel_degree,
         )
+    if st.config.fp8:  # a converter too, once the blocks are known: before any parallelism
+        apply_float8(model, block_list, fsdp_float8_all_gather=st.hybrid_shard_degree > 1)
     model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
     if activation_kwargs is not None:
         apply_activation_checkpointing(model, block_list, **activation_kwargs)

@@ -18,7 +18,7 @@ from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.support import check_build_support, check_cpu_offload
+from meshtrain.contract.support import check_build_support, check_cpu_offload, check_fp8_device
 from meshtrain.targets import (
     TARGET_KINDS,
     Target,
@@ -77,7 +77,9 @@ def check_cluster(
                                                     "processes")
         check_build_support(config.smp, degrees.tensor_parallel_degree)
         if target.on_this_machine:
-            check_cpu_offload(config.smp.cpu_offload, "cuda" if local_gpu_count() else "cpu")
+            device_type = "cuda" if local_gpu_count() else "cpu"
+            check_cpu_offload(config.smp.cpu_offload, device_type)
+            check_fp8_device(config.smp.fp8, device_type)
     return config, world, degrees
 
 

@@ -1,8 +1,9 @@
 """`compile` and `fp8` keys: contract types, and ConfigErrors where they cannot apply (1 process).
 
-The compile parity runs are in test_compile_parity.py (one 4-rank launch). fp8 cannot run here
-(no H100): the CPU refusal goes through transform(); the GPU branches are unit-checked with a
-fake device capability.
+The compile parity runs are in test_compile_parity.py (one 4-rank launch). fp8's device checks:
+the CPU refusal goes through transform(); the GPU branches are unit-checked with a fake device
+capability. What fp8 converts, and its training on gloo ranks, are in test_float8.py and
+test_hsdp_layouts.py.
 """
 
 from __future__ import annotations
@@ -96,19 +97,23 @@ def test_fp8_refused_on_cpu(single_process_runtime: Any) -> None:
 @pytest.mark.parametrize(("capability", "torchao", "match"), [
     ((8, 0), True, "compute capability 8.0"),
     ((9, 0), False, "torchao is not installed"),
-    ((9, 0), True, "does not apply torchao's float8 conversion yet"),
+    ((9, 0), True, None),  # an H100 with torchao: accepted
+    ((10, 0), True, None),
 ])
 def test_fp8_gpu_branches(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int],
-                          torchao: bool, match: str) -> None:
-    from meshtrain_runtime.parallel import fsdp
+                          torchao: bool, match: str | None) -> None:
+    from meshtrain_runtime.parallel import float8
 
-    monkeypatch.setattr(fsdp.torch.cuda, "get_device_capability", lambda device: capability)
-    monkeypatch.setattr(fsdp.torch.cuda, "get_device_name", lambda device: "FakeGPU")
-    monkeypatch.setattr(fsdp.importlib.util, "find_spec",
+    monkeypatch.setattr(float8.torch.cuda, "get_device_capability", lambda device: capability)
+    monkeypatch.setattr(float8.torch.cuda, "get_device_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(float8.importlib.util, "find_spec",
                         lambda name: object() if torchao else None)
-    with pytest.raises(ConfigError, match=match):
-        fsdp.check_fp8(True, torch.device("cuda", 0))
-    fsdp.check_fp8(False, torch.device("cuda", 0))  # off: nothing is checked
+    if match is None:
+        float8.check_fp8(True, torch.device("cuda", 0))
+    else:
+        with pytest.raises(ConfigError, match=match):
+            float8.check_fp8(True, torch.device("cuda", 0))
+    float8.check_fp8(False, torch.device("cuda", 0))  # off: nothing is checked
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

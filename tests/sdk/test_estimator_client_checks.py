@@ -88,14 +88,29 @@ def test_entry_point_without_match_lists_the_scripts(source):
         Estimator("zzzzzz.py", source_dir=str(source))
 
 
-@pytest.mark.parametrize("parameters", [
-    {"context_parallel_degree": 2}, {"sequence_parallel": True}, {"loss_parallel": True}])
-def test_runtime_refusals_happen_at_the_client_with_the_runtimes_message(source, parameters):
+@pytest.mark.parametrize(("parameters", "tp"), [
+    ({"context_parallel_degree": 2}, 1), ({"sequence_parallel": True}, 1),
+    ({"loss_parallel": True}, 1),
+    ({"fp8": True, "tensor_parallel_degree": 2}, 2)])
+def test_runtime_refusals_happen_at_the_client_with_the_runtimes_message(source, parameters, tp):
     with pytest.raises(ConfigError) as client:
-        Estimator("train.py", source_dir=str(source), distribution=smp(**parameters))
+        Estimator("train.py", source_dir=str(source), instance_type="ml.p5.48xlarge",
+                  distribution=smp(ppn=None, **parameters))
     with pytest.raises(ConfigError) as runtime:
-        support.check_build_support(SMPParameters(**parameters), tensor_parallel_degree=1)
+        support.check_build_support(SMPParameters(**parameters), tensor_parallel_degree=tp)
     assert str(client.value) == str(runtime.value)
+
+
+def test_fp8_on_a_local_host_without_gpus(source):
+    if local_gpu_count():
+        pytest.skip("this machine has GPUs: whether they have float8 tensor cores is the "
+                    "runtime's check")
+    with pytest.raises(ConfigError, match="float8 tensor cores") as client:
+        Estimator("train.py", source_dir=str(source), distribution=smp(fp8=True))
+    assert "the ranks run on the CPU" in str(client.value)
+    # GPU instances are checked by the runtime (compute capability, torchao): accepted here
+    Estimator("train.py", source_dir=str(source), instance_type="ml.p5.48xlarge",
+              distribution=smp(ppn=None, fp8=True))
 
 
 def test_cpu_offload_on_a_local_host_without_gpus(source):
@@ -111,10 +126,11 @@ def test_cpu_offload_on_a_local_host_without_gpus(source):
 def test_the_runtime_calls_the_same_check_functions():
     pytest.importorskip("torch")
     from meshtrain_runtime import parallelize
-    from meshtrain_runtime.parallel import fsdp
+    from meshtrain_runtime.parallel import float8, fsdp
 
     assert parallelize.check_build_support is support.check_build_support
     assert fsdp.check_cpu_offload is support.check_cpu_offload
+    assert float8.check_fp8_device is support.check_fp8_device
     with pytest.raises(ConfigError, match="nothing to offload from"):
         fsdp.resolve_offload_policy(True, "cpu")
 

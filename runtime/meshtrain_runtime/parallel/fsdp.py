@@ -13,7 +13,6 @@ degree 1 on the 2-D mesh, i.e. every rank holds everything and gradients are all
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,43 +56,6 @@ def resolve_mixed_precision(mixed_precision: str | None) -> MixedPrecisionPolicy
     if param_dtype is None:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-
-
-def check_fp8(enabled: bool, device: torch.device) -> None:
-    """The ``fp8`` key: refused with the reason on every device (see docs/performance.md).
-
-    torchao's float8 training swaps ``nn.Linear`` for ``Float8Linear`` (dynamically scaled
-    float8 matmuls). Those need float8 tensor cores, i.e. an H100-class NVIDIA GPU (compute
-    capability 9.0+), and the torchao package. This build does not apply the conversion yet,
-    so even there it says so rather than train silently in bf16.
-    """
-    if not enabled:
-        return
-    if device.type != "cuda":
-        raise ConfigError(
-            f"fp8=True trains linear layers with float8 matmuls (torchao float8 training), "
-            f"which need float8 tensor cores: an H100-class NVIDIA GPU (compute capability "
-            f"9.0+). This process runs on {device.type}. Set fp8=False (bf16 mixed precision "
-            "is the recommended setting)."
-        )
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (9, 0):
-        raise ConfigError(
-            f"fp8=True needs float8 tensor cores (compute capability 9.0+, H100-class), but "
-            f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}. "
-            "Set fp8=False and use mixed_precision='bf16'."
-        )
-    if importlib.util.find_spec("torchao") is None:
-        raise ConfigError(
-            "fp8=True uses torchao's float8 training, but torchao is not installed. Install "
-            "it (the version matching your torch), or set fp8=False."
-        )
-    raise ConfigError(
-        "fp8=True: this build of meshtrain_runtime does not apply torchao's float8 conversion "
-        "yet (it could not be tested without an H100). Set fp8=False and use "
-        "mixed_precision='bf16', or convert the model yourself with "
-        "torchao.float8.convert_to_float8_training before transform()."
-    )
 
 
 def resolve_offload_policy(cpu_offload: bool, device_type: str) -> OffloadPolicy:
@@ -233,7 +195,6 @@ def _can_group(model: nn.Module, module: nn.Module | None, blocks: Sequence[nn.M
 __all__ = [
     "FSDPOptions",
     "apply_fsdp",
-    "check_fp8",
     "data_parallel_mesh",
     "expert_data_parallel_mesh",
     "find_embedding_and_head",

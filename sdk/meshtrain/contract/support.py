@@ -13,7 +13,8 @@ from meshtrain.contract.errors import ConfigError
 
 
 def check_build_support(params: SMPParameters, tensor_parallel_degree: int) -> None:
-    """Refuse parameters this build does not run: context parallelism, SP/loss-parallel sans TP."""
+    """Refuse parameters this build does not run: context parallelism, SP/loss-parallel sans TP,
+    fp8 with TP."""
     if params.context_parallel_degree > 1:
         raise ConfigError(
             f"context_parallel_degree={params.context_parallel_degree} asks for context "
@@ -27,6 +28,13 @@ def check_build_support(params: SMPParameters, tensor_parallel_degree: int) -> N
                 "tensor_parallel_degree=1: there is nothing to split. Set "
                 f"tensor_parallel_degree >= 2 or {key}=False."
             )
+    if params.fp8 and tensor_parallel_degree > 1:
+        raise ConfigError(
+            f"fp8=True with tensor_parallel_degree={tensor_parallel_degree}: float8 matmuls on "
+            "tensor-parallel shards need torchao's float8 TP styles, which this build does not "
+            "apply. Use fp8 with sharded data parallelism (hybrid_shard_degree) or expert "
+            "parallelism, or set fp8=False (mixed_precision='bf16' works with TP)."
+        )
 
 
 def check_cpu_offload(cpu_offload: bool, device_type: str) -> None:
@@ -41,6 +49,17 @@ def check_cpu_offload(cpu_offload: bool, device_type: str) -> None:
             "accelerator to host memory, but this process runs on the CPU (no CUDA device): "
             "there is nothing to offload from. Set cpu_offload=False here (the states already "
             "live in host memory), or run on GPU hosts."
+        )
+
+
+def check_fp8_device(fp8: bool, device_type: str) -> None:
+    """`fp8` needs float8 tensor cores, i.e. a CUDA GPU; `device_type` is "cpu" or "cuda"."""
+    if fp8 and device_type != "cuda":
+        raise ConfigError(
+            "fp8=True trains linear layers with float8 matmuls (torchao float8 training), which "
+            "need float8 tensor cores: an H100-class NVIDIA GPU (compute capability 9.0+), but "
+            f"the ranks run on the {device_type.upper()} (no CUDA device). Set fp8=False "
+            "(mixed_precision='bf16' is the recommended setting), or run on H100-class GPUs."
         )
 
 

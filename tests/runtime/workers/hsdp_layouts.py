@@ -1,7 +1,8 @@
 """Every sharding layout for this world size vs a single-process run, in one torchrun launch.
 
 2 ranks: full shard. 4 ranks: full shard, hybrid 2x2, no_shard, shard_grad_op; plus delayed
-(meta-device) initialisation, loading from rank 0, and a degree that does not divide the world.
+(meta-device) initialisation, loading from rank 0, a degree that does not divide the world, and
+fp8 (float8 linears, FSDP2's float8 all-gather; hsdp_fp8.py).
 Each case reports JSON records (see report.py); tests/runtime/test_hsdp_layouts.py asserts.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 from hsdp_delayed import run_delayed_cases
+from hsdp_fp8 import run_fp8_cases
 from hsdp_support import (
     build_custom,
     build_llama,
@@ -148,6 +150,7 @@ def main() -> None:
     run_state_cases(world)
     if world == 4:
         run_delayed_cases()
+        run_fp8_cases()
 
 
 if __name__ == "__main__":
