@@ -68,17 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def skip_reason(name: str, device: torch.device) -> str | None:
-    """Why variant `name` cannot run here, or None."""
-    if "cpu_offload" in name and device.type != "cuda":
-        return "cpu_offload moves parameters from a GPU to the host; this host has no GPU"
-    if "fp8" not in name:
-        return None
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
-        return "float8 matmuls need a CUDA GPU of compute capability 9.0+ (H100 class)"
+    """Why variant `name` cannot run here (the runtime's own refusal, for either side), or None."""
+    from meshtrain.contract.errors import ConfigError
+    from meshtrain.contract.support import check_cpu_offload
+    from meshtrain_runtime.parallel.float8 import check_fp8
+
     try:
-        import torchao.float8  # noqa: F401
-    except ImportError:
-        return "torchao is not installed (pip install torchao)"
+        check_cpu_offload("cpu_offload" in name, device.type)
+        check_fp8("fp8" in name, device)
+    except ConfigError as refusal:
+        return str(refusal)
     return None
 
 
