@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 import torch
-from hsdp_support import build_llama, dataset, local_rows, loss_of, train
+from hsdp_support import LR, STEPS, build_llama, dataset, local_rows, loss_of, train
 from report import RESULTS_ENV, report
 
 import meshtrain_runtime as mr
@@ -47,11 +47,11 @@ def _micro_batch_reference() -> list[float]:
 
     model = build_llama()
     apply_float8(model, list(model.model.layers), fsdp_float8_all_gather=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # as hsdp_support.train
     rows = [local_rows(dataset(), rank, DP_SIZE) for rank in range(DP_SIZE)]
-    batch = rows[0].size(0) // 5
+    batch = rows[0].size(0) // STEPS
     losses = []
-    for step in range(5):
+    for step in range(STEPS):
         total = 0.0
         for part in rows:
             loss = loss_of(model, part[step * batch:(step + 1) * batch])
