@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(results, rows, label))
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"device": label, "args": {k: v for k, v in vars(args).items()},
+            json.dump({"device": label, "args": vars(args),
                        "results": results, "comparisons": rows}, handle, indent=1)
     return 0
 
