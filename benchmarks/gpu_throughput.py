@@ -1,24 +1,25 @@
 """GPU benchmark: transform() against the same layout written by hand with torch, on one GPU.
 
-Issue 20's table: step time, tokens/s, MFU and peak memory of a ~1.1B Llama-style model
-(hidden 2048, 22 layers, 32/4 heads, intermediate 5632, vocab 32000, seq 2048, batch 4; fp32
-parameters and AdamW state, bf16 compute: ``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)`` by hand, ``mixed_precision: "bf16"`` through transform()). Each variant is
-built fresh from one seed in this process (a world of one rank):
+Issue 20's table, made fair by issue 28: step time, tokens/s, MFU and peak memory of a ~1.1B
+Llama-style model (hidden 2048, 22 layers, 32/4 heads, intermediate 5632, vocab 32000, seq 2048,
+batch 4; fp32 parameters and AdamW state, bf16 compute: ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`` by hand, ``mixed_precision: "bf16"`` through transform()), on a world of
+one rank. Each pair builds both sides from one seed and keeps them both on the device:
 
-  torch_*        hand-written: checkpoint_wrapper per block (``_ac``), ``block.compile()`` per
-                 block (``_compile``), then fully_shard per block and on the root (torchtitan's
-                 order), AdamW; ``_fused``: AdamW(fused=True)
-  transform_*    the same through init() / transform(): activation_checkpointing, compile
-  *_fp8_compile_fused          torchao's float8 linears (by hand: convert_to_float8_training
-                               but the head; ``fp8: true``), compiled, fused AdamW; needs
-                               torchao and compute capability 9.0+
-  transform_ac_offload_fused   checkpointing + activation_offloading, fused AdamW
-  transform_cpu_offload_fused  cpu_offload (parameters, gradients, optimizer state on the host)
+  torch      hand-written (gpu_common.by_hand): fully_shard on the input embedding, each block
+             (reshard_after_forward=False, what transform() resolves on a world of one), the
+             head (kept gathered) and the root; checkpoint_wrapper per block (``ac``), torch's
+             save_on_cpu around each checkpointed block (``offload``), ``block.compile()``
+             (``compile``), CPUOffloadPolicy (``cpu_offload``), torchao's float8 linears but the
+             head (``fp8``), AdamW(fused=True) (``fused``)
+  transform  the same keys through init() / transform()
 
-The comparisons print transform / torch for the same setup; the goal (issue 20): with compile
-and checkpointing, transform()'s step time <= 1.02x the hand-written compiled one. HF models
-are called with ``use_cache=False`` on every side (a KV cache would cost ~2 GiB here).
+Both sides' FSDP groups are read back after the warm-up and must be equal (module, parameter
+count, reshard_after_forward, compute dtype, offload policy): the report states the layout, and a
+pair whose sides differ is a failed check, not a figure. The timed steps interleave the sides,
+A B / B A, `--rounds` rounds of `--steps-per-round` steps each, so that drift (clocks, heat,
+other load) falls on both. The goal (issue 20): ``ac_compile_fused`` step time <= 1.02x the
+hand-written one. HF models are called with ``use_cache=False`` on every side.
 
     python benchmarks/gpu_throughput.py --json gpu.json          # on a CUDA GPU
     python benchmarks/gpu_throughput.py --smoke                  # tiny model on CPU: checks the
@@ -31,7 +32,9 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,92 +45,84 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a
 
 import gpu_common as common
 
-PAIRS = ["ac", "ac_fused", "ac_compile_fused", "compile_fused", "none", "fp8_compile_fused"]
 GOAL = ("ac_compile_fused", 1.02)
-VARIANTS = [*(f"{side}_{setup}" for setup in PAIRS for side in ("torch", "transform")),
-            "transform_ac_offload_fused", "transform_cpu_offload_fused"]
-SMOKE_VARIANTS = [*(f"{side}_{setup}" for setup in ("ac", "ac_fused", "none")
-                    for side in ("torch", "transform")),
-                  "transform_ac_offload_fused", "transform_cpu_offload_fused",
-                  "torch_fp8_compile_fused", "transform_fp8_compile_fused"]
+PAIRS = ["ac_compile_fused", "ac", "ac_fused", "compile_fused", "fp8_compile_fused",
+         "ac_offload_fused", "ac_cpu_offload_fused"]
+"""The GPU table, the goal's pair first (a budget cut leaves the later ones out)."""
+EXTRA_PAIRS = ["none"]
+SMOKE_PAIRS = ["ac", "ac_fused", "none", "ac_offload_fused", "ac_cpu_offload_fused",
+               "fp8_compile_fused"]
+SIDES = ("torch", "transform")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.add_arguments(parser, seq_len=2048, batch_size=4, warmup=3, steps=10)
-    parser.add_argument("--variants", help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    common.add_arguments(parser, seq_len=2048, batch_size=4, warmup=3, steps=3)
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="interleaved rounds (A B, B A, ...); --steps steps per side each")
+    parser.add_argument("--pairs", help=f"comma-separated subset of: "
+                                        f"{', '.join(PAIRS + EXTRA_PAIRS)}")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no pair once this many seconds have passed")
     args = parser.parse_args(argv)
-    common.shrink_for_smoke(args, layers=2, seq_len=32, warmup=1, steps=2)
-    names = args.variants.split(",") if args.variants else (
-        SMOKE_VARIANTS if args.smoke else VARIANTS)
-    unknown = sorted(set(names) - set(VARIANTS))
+    common.shrink_for_smoke(args, layers=2, seq_len=32, warmup=1, steps=1)
+    if args.smoke:
+        args.rounds = 2
+    names = args.pairs.split(",") if args.pairs else (SMOKE_PAIRS if args.smoke else PAIRS)
+    unknown = sorted(set(names) - set(PAIRS + EXTRA_PAIRS))
     if unknown:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    args.variant_list = names
+        parser.error(f"unknown pairs {unknown}; known: {', '.join(PAIRS + EXTRA_PAIRS)}")
+    args.pair_list = names
     return args
 
 
-def skip_reason(name: str, device: torch.device) -> str | None:
-    """Why variant `name` cannot run here (the runtime's own refusal, for either side), or None."""
+def skip_reason(setup: str, device: torch.device) -> str | None:
+    """Why pair `setup` cannot run here (the runtime's own refusal, for both sides), or None."""
     from meshtrain.contract.errors import ConfigError
     from meshtrain.contract.support import check_cpu_offload
     from meshtrain_runtime.parallel.float8 import check_fp8
 
+    flags = common.setup_flags(setup)
     try:
-        check_cpu_offload("cpu_offload" in name, device.type)
-        check_fp8("fp8" in name, device)
+        check_cpu_offload(flags["cpu_offload"], device.type)
+        check_fp8(flags["fp8"], device)
     except ConfigError as refusal:
         return str(refusal)
     return None
 
 
-def by_hand(name: str, model: nn.Module, device: torch.device) -> nn.Module:
-    """torchtitan's order written out: float8, checkpointing, compile per block, fully_shard."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+@dataclass
+class Side:
+    """One side of a pair, built and warmed up, with what its timed steps recorded."""
 
-    if "fp8" in name:
-        from torchao.float8 import convert_to_float8_training
-
-        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "lm_head")
-    block_type = type(model.model.layers[0])
-    if "_ac" in name:
-        apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
-                                       check_fn=lambda module: isinstance(module, block_type))
-    if "compile" in name:
-        for block in model.model.layers:
-            block.compile()
-    mesh = init_device_mesh(device.type, (1,))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if device.type == "cuda" else MixedPrecisionPolicy()
-    for block in model.model.layers:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy)
+    name: str
+    model: nn.Module
+    step: Callable[[], None]
+    first_loss: float
+    resident_bytes: int
+    saved_activation_bytes: int | None
+    times: list[float] = field(default_factory=list)
+    peak_bytes: int = 0
 
 
-def through_transform(name: str, model: nn.Module, device: torch.device) -> nn.Module:
-    import meshtrain_runtime as mr
-
-    params: dict[str, Any] = {
-        "activation_checkpointing": "_ac" in name,
-        "compile": "compile" in name,
-        "activation_offloading": "_ac_offload" in name,
-        "cpu_offload": "cpu_offload" in name,
-        "fp8": "fp8" in name,
-    }
-    if device.type == "cuda":
-        params["mixed_precision"] = "bf16"
-    mr.reset()
-    mr.init(params)
-    return mr.transform(model)
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
-              losses: list[float]) -> Callable[[], None]:
+def build_side(side: str, setup: str, args: argparse.Namespace, device: torch.device) -> Side:
+    """Build one side from seed 0, warm it up (compiling where asked), count its saved
+    activations (uncompiled setups) and what it keeps on the device between steps."""
+    from meshtrain_runtime.diagnostics.memory import measure_step_memory
+
+    before = _allocated(device)
+    prepare = common.by_hand if side == "torch" else common.through_transform
+    model = prepare(setup, common.build_llama(args, device), device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                  fused=True if common.setup_flags(setup)["fused"] else None)
+    ids = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=device,
+                        generator=torch.Generator(device=device).manual_seed(1))
+    losses: list[float] = []
+
     def step() -> None:
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
@@ -136,89 +131,137 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Ten
         if not losses:
             losses.append(float(loss.detach()))
 
-    return step
+    common.timed_steps(step, max(1, args.warmup), device)
+    memory = None if common.setup_flags(setup)["compile"] else \
+        measure_step_memory(step, device=device)
+    common.synchronize(device)
+    return Side(f"{side}_{setup}", model, step, losses[0], _allocated(device) - before,
+                memory.saved_activation_bytes if memory else None)
 
 
-def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """Build variant `name`; warm up (compiling where asked), measure one step's memory, then
-    time `args.steps` steps."""
-    from meshtrain_runtime.diagnostics.memory import measure_step_memory
+def interleave(sides: tuple[Side, Side], args: argparse.Namespace,
+               device: torch.device) -> list[float]:
+    """Rounds A B, B A, ...; returns each round's step-time ratio (second side / first)."""
+    ratios = []
+    for round_index in range(args.rounds):
+        order = sides if round_index % 2 == 0 else sides[::-1]
+        medians = {}
+        for side in order:
+            other = sides[1] if side is sides[0] else sides[0]
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            times = common.timed_steps(side.step, args.steps, device)
+            side.times.extend(times)
+            medians[side.name] = statistics.median(times)
+            if device.type == "cuda":  # the other side's states sit idle on the device
+                side.peak_bytes = max(side.peak_bytes, torch.cuda.max_memory_allocated(device)
+                                      - other.resident_bytes)
+        ratios.append(medians[sides[1].name] / medians[sides[0].name])
+    return ratios
+
+
+def side_result(side: Side, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     from meshtrain_runtime.throughput import FlopCounter, peak_flops_per_device
 
-    reason = skip_reason(name, device)
-    if reason:
-        return {"variant": name, "skipped": reason}
-    prepare = by_hand if name.startswith("torch_") else through_transform
-    model = prepare(name, common.build_llama(args, device), device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                  fused=True if name.endswith("_fused") else None)
-    ids = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=device,
-                        generator=torch.Generator(device=device).manual_seed(1))
-    losses: list[float] = []
-    step = make_step(model, optimizer, ids, losses)
-    try:
-        common.timed_steps(step, args.warmup, device)
-        memory = measure_step_memory(step, device=device) if "compile" not in name else None
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        times = common.timed_steps(step, args.steps, device)
-    except torch.cuda.OutOfMemoryError:
-        return {"variant": name, "skipped": "out of memory"}
-    step_s = statistics.median(times)
+    step_s = statistics.median(side.times)
     tokens_per_s = args.batch_size * args.seq_len / step_s
-    flops = FlopCounter.build(model, seq_len=args.seq_len).per_token * tokens_per_s
+    flops = FlopCounter.build(side.model, seq_len=args.seq_len).per_token * tokens_per_s
     peak = peak_flops_per_device()
-    return {
-        "variant": name, "skipped": None, "first_loss": losses[0], "step_s": step_s,
-        "tokens_per_s": tokens_per_s, "mfu": flops / peak if peak else None,
-        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
-        if device.type == "cuda" else None,
-        "saved_activation_bytes": memory.saved_activation_bytes if memory else None,
-    }
+    return {"variant": side.name, "skipped": None, "first_loss": side.first_loss,
+            "step_s": step_s, "step_s_spread": [min(side.times), max(side.times)],
+            "tokens_per_s": tokens_per_s, "mfu": flops / peak if peak else None,
+            "peak_allocated_bytes": side.peak_bytes if device.type == "cuda" else None,
+            "saved_activation_bytes": side.saved_activation_bytes}
 
 
-def comparisons(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """transform / torch for every setup both sides ran."""
-    rows = []
-    for setup in PAIRS:
-        ours, theirs = results.get(f"transform_{setup}"), results.get(f"torch_{setup}")
-        if not ours or not theirs or ours["skipped"] or theirs["skipped"]:
-            continue
-        row = {"setup": setup, "step_time_ratio": ours["step_s"] / theirs["step_s"],
-               "first_loss_difference": abs(ours["first_loss"] - theirs["first_loss"])}
-        if ours["peak_allocated_bytes"] and theirs["peak_allocated_bytes"]:
-            row["peak_memory_ratio"] = ours["peak_allocated_bytes"] / theirs["peak_allocated_bytes"]
-        if setup == GOAL[0]:
-            row["goal"] = f"<= {GOAL[1]}"
-            row["goal_met"] = row["step_time_ratio"] <= GOAL[1]
-        rows.append(row)
-    return rows
+def run_pair(setup: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Both sides of `setup` built, checked for the same layout, timed interleaved."""
+    reason = skip_reason(setup, device)
+    if reason:
+        return {"setup": setup, "skipped": reason,
+                "results": {f"{s}_{setup}": {"variant": f"{s}_{setup}", "skipped": reason}
+                            for s in SIDES}}
+    torch._dynamo.reset()  # each pair compiles its own blocks afresh
+    try:
+        sides = tuple(build_side(side, setup, args, device) for side in SIDES)
+        layout = common.check_same_layout(setup, sides[0].model, sides[1].model)
+        ratios = interleave(sides, args, device)
+    except common.LayoutMismatch as mismatch:  # a failed check: the pair compares nothing
+        return {"setup": setup, "skipped": None, "failed": str(mismatch), "results": {}}
+    except torch.cuda.OutOfMemoryError:
+        return {"setup": setup, "skipped": "out of memory", "results": {
+            f"{s}_{setup}": {"variant": f"{s}_{setup}", "skipped": "out of memory"}
+            for s in SIDES}}
+    results = {side.name: side_result(side, args, device) for side in sides}
+    del sides
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"setup": setup, "skipped": None, "layout": layout,
+            "layout_text": common.describe_layout(layout), "round_ratios": ratios,
+            "results": results}
+
+
+def comparison(pair: dict[str, Any]) -> dict[str, Any] | None:
+    """transform / torch of a pair both sides ran: the median of the interleaved rounds'
+    ratios with their spread, the median step times' ratio, memory and first-loss gaps."""
+    if pair["skipped"] or pair.get("failed"):
+        return None
+    setup = pair["setup"]
+    ours, theirs = pair["results"][f"transform_{setup}"], pair["results"][f"torch_{setup}"]
+    ratios = pair["round_ratios"]
+    row = {"setup": setup, "step_time_ratio": statistics.median(ratios),
+           "round_ratio_spread": [min(ratios), max(ratios)],
+           "median_step_ratio": ours["step_s"] / theirs["step_s"],
+           "first_loss_difference": abs(ours["first_loss"] - theirs["first_loss"]),
+           "layout": pair["layout_text"]}
+    if ours["peak_allocated_bytes"] and theirs["peak_allocated_bytes"]:
+        row["peak_memory_ratio"] = ours["peak_allocated_bytes"] / theirs["peak_allocated_bytes"]
+    if setup == GOAL[0]:
+        row["goal"] = f"<= {GOAL[1]}"
+        row["goal_met"] = row["step_time_ratio"] <= GOAL[1]
+    return row
 
 
 def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def report(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], device: str) -> str:
-    lines = [f"device: {device}", "", "| setup | step ms | tokens/s | MFU % | peak GiB |",
+def report(pairs: list[dict[str, Any]], device: str) -> str:
+    """The markdown table (one row per side) and one comparison line per pair."""
+    lines = [f"device: {device}", "", "| variant | step ms | tokens/s | MFU % | peak GiB |",
              "|---|---|---|---|---|"]
-    for name, r in results.items():
-        if r["skipped"]:
-            lines.append(f"| {name} | skipped: {r['skipped']} | | | |")
-            continue
-        peak, mfu = r["peak_allocated_bytes"], r["mfu"]
-        lines.append(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
-                     f"{_cell(mfu and 100 * mfu, '.1f')} | "
-                     f"{_cell(peak and peak / common.GIB, '.2f')} |")
+    for pair in pairs:
+        for name, r in pair["results"].items():
+            if r["skipped"]:
+                lines.append(f"| {name} | skipped: {r['skipped']} | | | |")
+                continue
+            peak, mfu = r["peak_allocated_bytes"], r["mfu"]
+            lines.append(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
+                         f"{_cell(mfu and 100 * mfu, '.1f')} | "
+                         f"{_cell(peak and peak / common.GIB, '.2f')} |")
+        if pair.get("failed"):
+            lines.append(f"| {pair['setup']} | FAILED: {pair['failed']} | | | |")
     lines.append("")
-    for row in rows:
+    for row in filter(None, map(comparison, pairs)):
         memory = row.get("peak_memory_ratio")
         goal = f" (goal {row['goal']}: {'met' if row['goal_met'] else 'missed'})" \
             if "goal" in row else ""
-        lines.append(f"transform / torch, {row['setup']}: step time "
-                     f"x{row['step_time_ratio']:.3f}{goal}"
-                     + (f", peak memory x{memory:.3f}" if memory else ""))
+        low, high = row["round_ratio_spread"]
+        lines.append(f"transform / torch, {row['setup']}: step time x{row['step_time_ratio']:.3f}"
+                     f" (rounds {low:.3f}..{high:.3f}){goal}"
+                     + (f", peak memory x{memory:.3f}" if memory else "")
+                     + f"; same layout: {row['layout']}")
     return "\n".join(lines)
+
+
+def write_json(path: str | None, device: str, args: argparse.Namespace,
+               pairs: list[dict[str, Any]]) -> None:
+    if not path:
+        return
+    results = {name: r for pair in pairs for name, r in pair["results"].items()}
+    payload = {"device": device, "args": vars(args), "pairs": pairs, "results": results,
+               "comparisons": list(filter(None, map(comparison, pairs)))}
+    Path(path).write_text(json.dumps(payload, indent=1, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,20 +271,21 @@ def main(argv: list[str] | None = None) -> int:
     import meshtrain_runtime as mr
 
     device = mr.init({}).device  # a world of one rank (the hand-written sides need its group)
-    results = {}
-    for name in args.variant_list:
-        torch._dynamo.reset()  # each compiled variant compiles its own blocks afresh
-        results[name] = run_variant(name, args, device)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    rows = comparisons(results)
     label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(report(results, rows, label))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"device": label, "args": vars(args),
-                       "results": results, "comparisons": rows}, handle, indent=1)
-    return 0
+    start, pairs = time.monotonic(), []
+    for setup in args.pair_list:
+        if args.budget_s is not None and time.monotonic() - start > args.budget_s:
+            reason = f"budget: {args.budget_s:.0f} s spent before this pair"
+            pairs.append({"setup": setup, "skipped": reason, "results": {
+                f"{s}_{setup}": {"variant": f"{s}_{setup}", "skipped": reason} for s in SIDES}})
+        else:
+            pairs.append(run_pair(setup, args, device))
+        write_json(args.json, label, args, pairs)  # after each pair: a cut run keeps the rest
+    print(report(pairs, label))
+    failed = [pair["failed"] for pair in pairs if pair.get("failed")]
+    for message in failed:
+        print(f"FAILED: {message}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
