@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
 from meshtrain.contract.errors import ConfigError, JobFailedError
+from meshtrain.pipes import drop_output_to_closed_pipes, send_closed_pipes_to_devnull
 from meshtrain.plan.cli import register as register_plan
+
+BROKEN_PIPE_EXIT = 128 + 13  # SIGPIPE's number, what a shell shows for `yes | head`
 
 
 def _json_arg(text: str) -> dict:
@@ -123,13 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code: 0 ok, 1 the job failed, 2 a usage or configuration
-    error (a one-line message, no traceback), 130 interrupted (Ctrl-C)."""
+    error (a one-line message, no traceback), 130 interrupted (Ctrl-C), 141 the reader of the
+    output went away (as a tool killed by SIGPIPE; no traceback)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse already printed usage and the error (code 2)
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # a reader gone by now is met here, not in the flush at exit
+        return code
     except ConfigError as error:
         print(f"meshtrain: {error}", file=sys.stderr)
         return 2
@@ -137,8 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"meshtrain: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # fit() has already said what it did with the job
-        print("meshtrain: interrupted", file=sys.stderr)
+        with drop_output_to_closed_pipes():
+            print("meshtrain: interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:  # the reader went away (`meshtrain status JOB | head -1`)
+        send_closed_pipes_to_devnull()
+        return BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":

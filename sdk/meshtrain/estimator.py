@@ -35,6 +35,7 @@ from meshtrain.estimator_values import (
 )
 from meshtrain.job import TrainingJob
 from meshtrain.naming import check_job_name, name_from_base
+from meshtrain.pipes import drop_output_to_closed_pipes
 from meshtrain.targets import backend_named, resolve_target
 
 DEFAULT_BASE_JOB_NAME = "meshtrain"
@@ -182,8 +183,9 @@ class Estimator:
         for note in self._layout_notes:  # once per fit(), before the job's own output
             print(f"meshtrain: warning: {note}", file=sys.stderr)
         self.latest_training_job = self.backend.submit(spec)
-        if wait:
-            self.latest_training_job.wait(logs=logs)
+        if wait:  # a closed stdout (`| head`) neither ends the client nor eats a Ctrl-C
+            with drop_output_to_closed_pipes():
+                self.latest_training_job.wait(logs=logs)
         return self.latest_training_job
 
     def check_fits(self) -> None:

@@ -1,0 +1,86 @@
+"""Ctrl-C through a real pipe whose reader has gone (`python launch.py | head -n 2`), and every
+CLI command's output to a closed pipe: the job still stops, and nothing prints a traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator
+
+SCRIPTS = Path(__file__).parent / "scripts"
+JOB = "closed-pipe-job"
+LAUNCH = f"""
+from meshtrain import Estimator
+Estimator("print_forever.py", source_dir={str(SCRIPTS)!r}, instance_count=2).fit(job_name={JOB!r})
+"""
+pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _wait_for_log(home: Path, text: str, client: subprocess.Popen) -> None:
+    log = home / "jobs" / JOB / "job.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and text in log.read_text()):
+        assert client.poll() is None, f"the client ended (rc {client.returncode}) before {text!r}"
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the job log"
+        time.sleep(0.1)
+
+
+def _to_closed_pipe(*argv: str) -> subprocess.CompletedProcess:
+    """Run argv with stdout a pipe whose reader is already closed (every write: EPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(argv, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=60, check=False)
+    finally:
+        os.close(write_end)
+
+
+def test_ctrl_c_after_the_pipes_reader_left_stops_the_job_without_a_traceback(home, tmp_path):
+    (tmp_path / "launch.py").write_text(LAUNCH)
+    reader = subprocess.Popen(["head", "-n", "2"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        client = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path,
+                                  stdout=reader.stdin, stderr=stderr)
+    reader.stdin.close()  # the client holds the pipe's only write end
+    try:
+        assert len(reader.stdout.read().splitlines()) == 2  # EOF: head has gone
+        reader.wait(timeout=10)
+        _wait_for_log(home, "tick 30", client)  # the client has written to the closed pipe
+        assert client.poll() is None, "a closed stdout ended the client"
+        client.send_signal(signal.SIGINT)
+        client.wait(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+        if (home / "jobs" / JOB).exists():  # leave nothing running if the client did not stop it
+            job = Estimator.attach(JOB).latest_training_job
+            if job.status not in ("Stopped", "Completed", "Failed"):
+                job.stop()
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert client.returncode != 0 and f"training job {JOB} was stopped (Ctrl-C)" in errors
+    assert "BrokenPipeError" not in errors and "Exception ignored" not in errors
+    job = Estimator.attach(JOB).latest_training_job
+    assert job.status == "Stopped"
+    assert job.processes() == []
+
+    for argv in (["status", JOB], ["logs", JOB], ["list"], ["plan", "--model", "llama3-8b",
+                                                             "--gpus", "8"]):
+        done = _to_closed_pipe(sys.executable, "-m", "meshtrain.cli", *argv)
+        # 141 as for SIGPIPE; `plan` prints through rich, which exits 1 on a closed pipe
+        assert done.returncode == (1 if argv[0] == "plan" else 141), (argv, done.returncode)
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, argv
