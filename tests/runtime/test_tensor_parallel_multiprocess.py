@@ -21,9 +21,10 @@ WORKER = Path(__file__).parent / "workers" / "tp_parity.py"
 CASES = {
     2: ["llama/1x1x2", "llama/1x1x2/sp", "llama/1x1x2/lp", "llama/1x1x2/sp/lp",
         "llama_tied/1x1x2/sp", "neox/1x1x2", "neox/1x1x2/sp", "custom/1x1x2",
-        "custom/1x1x2/sp", "mixtral/1x1x2", "qwen2/1x1x2/sp"],
+        "custom/1x1x2/sp", "mixtral/1x1x2", "qwen2/1x1x2/sp", "plain/1x1x2",
+        "plain/1x1x2/sp", "plain_min/1x1x2"],
     4: ["llama/1x1x4", "llama/1x1x4/sp", "llama/1x2x2", "llama/1x2x2/sp/lp",
-        "custom/1x2x2/sp"],
+        "custom/1x2x2/sp", "plain/1x2x2/sp"],
     8: ["llama/2x2x2", "llama/2x2x2/sp"],
 }
 TIMEOUTS = {2: 300, 4: 360, 8: 480}
@@ -71,6 +72,23 @@ EXPECTED_PLACEMENTS = {
         "embed.weight": SHARD0,
         "head.weight": SHARD0,
         "blocks.0.ln1.weight": REPLICATE,
+    },
+    # issue 35's plain block (norm -> up -> down in one module): the block is the region and
+    # its norm, before the colwise projection, stays whole
+    "plain": {
+        "layers.0.up.weight": SHARD0,
+        "layers.0.up.bias": SHARD0,
+        "layers.0.down.weight": SHARD1,
+        "layers.1.norm.weight": REPLICATE,
+        "embed.weight": SHARD0,
+        "head.weight": SHARD0,
+    },
+    "plain_min": {
+        "layers.0.up.weight": SHARD0,
+        "layers.0.down.weight": SHARD1,
+        "layers.0.norm.weight": REPLICATE,
+        "embed.weight": REPLICATE,
+        "head.weight": REPLICATE,
     },
     "mixtral": {
         "model.layers.0.self_attn.q_proj.weight": SHARD0,
@@ -191,11 +209,21 @@ def test_checkpoint_recompute_replays_tp_dropout(launches) -> None:
     ("mixtral_sp", ["MoE", "sequence_parallel=False"]),
     ("missing_projection", ["blocks.0.attn.v", "inside the tensor-parallel region blocks.0.attn",
                             "'colwise'"]),
+    # issue 35: suggestions use the model's own names, and the data flow is told truthfully
+    ("plain_no_plan", ["PlainLM declares no tensor-parallel plan",
+                       "tp_plan={'layers.*.up': 'colwise', 'layers.*.down': 'rowwise'}"]),
+    ("plain_norm_between", ["layers.0.norm runs after the colwise projection layers.0.up",
+                            "before the rowwise output of its region layers.0"]),
 ])
 def test_bad_input_is_a_config_error(launches, key: str, fragments: list[str]) -> None:
     message = launches(2)["checks"]["checks"]["bad_input"][key]
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_no_plan_suggests_only_the_models_own_names(launches) -> None:
+    message = launches(2)["checks"]["checks"]["bad_input"]["plain_no_plan"]
+    assert "attn" not in message and "q_proj" not in message, message
 
 
 def test_hf_padding_uneven_lengths_and_labels(launches) -> None:

@@ -32,6 +32,7 @@ from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.parallel.plans import (
     ResolvedPlan,
     build_parallelize_plan,
+    guard_whole_input_modules,
     is_inside,
     resolve_tp_plan,
     sequence_parallel_norms,
@@ -93,10 +94,13 @@ def apply_tensor_parallel(
         model, resolved, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
     )
     parallelize_module(model, tp_mesh, torch_plan)
+    guard_whole_input_modules(model, resolved.styles, resolved.regions, resolved.whole_inputs)
     if tied:
         _retie_head(model, resolved)
     set_local_head_counts(model, resolved, tp_degree)
-    replicated = replicate_non_tp_parameters(model, tp_mesh, regions=resolved.regions)
+    replicated = replicate_non_tp_parameters(
+        model, tp_mesh, regions=resolved.regions, whole_inputs=resolved.whole_inputs
+    )
     reduce_partial_gradients(model)
     if random_seed is not None:
         apply_tp_random_seed(model, tp_mesh, random_seed, regions=resolved.regions)
@@ -198,6 +202,13 @@ def check_sequence_parallel(model: nn.Module, resolved: ResolvedPlan) -> None:
             "or set sequence_parallel=False."
         )
     norms = set(sequence_parallel_norms(model, resolved))
+    for name in resolved.whole_inputs:
+        if name not in norms:
+            raise ConfigError(
+                f"sequence_parallel=True: {name} runs on the whole input of its region but is "
+                "not a norm, so it cannot run on sequence-split tokens. Move it out of the "
+                "region's module, or set sequence_parallel=False."
+            )
     for name, module in model.named_modules():
         whole = name not in resolved.styles and name not in norms and not any(
             is_inside(name, region) for region in resolved.regions
@@ -245,7 +256,11 @@ def _retie_head(model: nn.Module, resolved: ResolvedPlan) -> None:
 
 
 def replicate_non_tp_parameters(
-    model: nn.Module, tp_mesh: DeviceMesh, *, regions: tuple[str, ...] = ()
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    *,
+    regions: tuple[str, ...] = (),
+    whole_inputs: tuple[str, ...] = (),
 ) -> list[str]:
     """Turn every parameter that is still a plain tensor into a Replicate DTensor on `tp_mesh`.
 
@@ -255,7 +270,8 @@ def replicate_non_tp_parameters(
     swaps in ``to_local()`` views, which route gradients back to the DTensor), so it works for
     any module, including MoE experts with data-dependent indexing. Parameters inside a
     tensor-parallel region would see only this rank's heads and get a partial gradient: that is
-    a ConfigError. Returns the replicated parameter names.
+    a ConfigError, except for `whole_inputs` (modules that run on the region's whole input,
+    such as a block's norm before its colwise projection). Returns the replicated names.
     """
     replaced: dict[int, nn.Parameter] = {}
     names: list[str] = []
@@ -264,7 +280,8 @@ def replicate_non_tp_parameters(
                if p is not None and not isinstance(p, DTensor)]
         if not own:
             continue
-        _check_outside_regions(module_name, module, regions)
+        if module_name not in whole_inputs:
+            _check_outside_regions(module_name, module, regions)
         for param_name, param in own:
             if id(param) not in replaced:
                 value = distribute_tensor(param.detach(), tp_mesh, [Replicate()])
@@ -279,10 +296,11 @@ def _check_outside_regions(name: str, module: nn.Module, regions: tuple[str, ...
     for region in regions:
         if is_inside(name, region):
             raise ConfigError(
-                f"{name} ({type(module).__name__}) has parameters but no tensor-parallel style, "
-                f"and lies inside the tensor-parallel region {region} (between its colwise and "
-                "rowwise projections), where each rank sees only its own heads. Give it a style "
-                "in tp_plan (a projection: 'colwise'; the region's output: 'rowwise')."
+                f"{name} ({type(module).__name__}) lies inside the tensor-parallel region "
+                f"{region} and its style left its parameters plain tensors; meshtrain cannot "
+                "tell whether it runs on the region's whole input or on this rank's slice of "
+                "the features. Give it 'replicate' (whole input, e.g. a norm before the colwise "
+                "projection) or a splitting style in tp_plan."
             )
 
 

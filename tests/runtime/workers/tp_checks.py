@@ -149,6 +149,18 @@ def _config_error(build: Callable[[], torch.nn.Module], **kwargs: object) -> str
     return "no error"
 
 
+def _forward_error(build: Callable[[], torch.nn.Module], tp_mesh: DeviceMesh,
+                   plan: dict[str, str]) -> str:
+    """The ConfigError of the first forward (a norm between colwise and rowwise projections
+    looks, by its names, like a norm before them; only the data flow tells them apart)."""
+    model = apply_tensor_parallel(build(), tp_mesh, plan=plan)
+    try:
+        model(torch.zeros(1, models.SEQ, dtype=torch.long))
+    except ConfigError as error:
+        return str(error)
+    return "no error"
+
+
 def bad_input(tp_mesh: DeviceMesh) -> dict:
     """apply_tensor_parallel's ConfigErrors on a real 2-rank mesh."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -171,6 +183,10 @@ def bad_input(tp_mesh: DeviceMesh) -> dict:
         "sp_without_embedding": _config_error(models.CustomLM, tp_mesh=tp_mesh,
                                               plan=no_embedding, sequence_parallel=True),
         "missing_projection": _config_error(models.CustomLM, tp_mesh=tp_mesh, plan=no_v),
+        "plain_no_plan": _config_error(models.PlainLM, tp_mesh=tp_mesh),
+        "plain_norm_between": _forward_error(
+            lambda: models.PlainLM(norm_between=True), tp_mesh, models.PLAIN_MIN_PLAN
+        ),
         "mixtral_sp": _config_error(lambda: models.build_model("mixtral"), tp_mesh=tp_mesh,
                                     sequence_parallel=True),
     }

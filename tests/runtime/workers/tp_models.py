@@ -99,8 +99,61 @@ CUSTOM_PLAN = {
 }
 
 
+class PlainBlock(nn.Module):
+    """Issue 35's block: norm -> up -> down in one module (no attention or MLP submodule), so
+    the block itself is the tensor-parallel region and its norm lies inside it. With
+    `norm_between` the norm runs between up and down instead (a plan error TP must catch)."""
+
+    def __init__(self, dim: int, norm_between: bool = False) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim if norm_between else dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+        self.norm_between = norm_between
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_between:
+            return x + self.down(self.norm(F.gelu(self.up(x))))
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class PlainLM(nn.Module):
+    """Embedding, PlainBlocks, final norm, head: a user's own model with no HF config."""
+
+    def __init__(self, dim: int = 32, layers: int = 2, norm_between: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.layers = nn.ModuleList(PlainBlock(dim, norm_between) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+# docs/tensor-parallel.md's worked example: the norm inside the block says 'replicate'
+PLAIN_PLAN = {
+    "embed": "rowwise",
+    "layers.*.norm": "replicate",
+    "layers.*.up": "colwise",
+    "layers.*.down": "rowwise",
+    "head": "colwise_gather_output",
+}
+# the least a user writes: the norm before the colwise projection is found and replicated
+PLAIN_MIN_PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
+
+
+def plan_for(kind: str) -> dict[str, str] | None:
+    """The tp_plan a case passes (None: the HF config's own)."""
+    return {"custom": CUSTOM_PLAN, "plain": PLAIN_PLAN, "plain_min": PLAIN_MIN_PLAN}.get(kind)
+
+
 def build_model(kind: str) -> nn.Module:
-    """A tiny model of `kind` (llama, llama_tied, qwen2, neox, mixtral, custom).
+    """A tiny model of `kind` (llama, llama_tied, qwen2, neox, mixtral, custom, plain,
+    plain_min).
 
     Initialised from seed 0, so identical on every rank.
     """
@@ -132,6 +185,8 @@ def build_model(kind: str) -> nn.Module:
         return MixtralForCausalLM(config)
     if kind == "custom":
         return CustomLM()
+    if kind in ("plain", "plain_min"):
+        return PlainLM()
     raise ValueError(kind)
 
 
@@ -147,7 +202,7 @@ def global_batch(dp_degree: int, step: int) -> torch.Tensor:
 
 def causal_lm_loss(model: nn.Module, ids: torch.Tensor, parallel_loss: bool) -> torch.Tensor:
     """Next-token cross entropy; with `parallel_loss` on vocab-split DTensor logits."""
-    out = model(input_ids=ids) if not isinstance(model, CustomLM) else model(ids)
+    out = model(ids) if isinstance(model, CustomLM | PlainLM) else model(input_ids=ids)
     logits = out if isinstance(out, torch.Tensor) else out.logits
     shifted, targets = logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
     if parallel_loss:
@@ -207,6 +262,8 @@ def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The repeated layers (FSDP units), as transform's block finder would pick them."""
     if isinstance(model, CustomLM):
         return list(model.blocks)
+    if isinstance(model, PlainLM):
+        return list(model.layers)
     return list(model.base_model.layers)
 
 

@@ -2,7 +2,7 @@
 
 Usage (through tests/runtime/conftest.py's run_torchrun):
     tp_parity.py CASE [CASE ...] [--checks]
-CASE is ``model/RxSxT[/sp][/lp]``: model llama|llama_tied|neox|mixtral|custom, mesh
+CASE is ``model/RxSxT[/sp][/lp]``: model llama|llama_tied|neox|mixtral|custom|plain|plain_min, mesh
 (replicate, shard, tp) whose product is the world size, sp = sequence parallel, lp = loss
 parallel. ``--checks`` also runs tp_checks (2 ranks). Rank 0 reports one record per case
 (``{"case": ...}``) and one ``{"checks": ...}``.
@@ -60,7 +60,7 @@ def run_case(case: str) -> dict:
     replicate, shard, tp = spec["mesh"]
     mesh = mesh_for(spec["mesh"])
     model = models.build_model(spec["kind"])
-    plan = models.CUSTOM_PLAN if spec["kind"] == "custom" else None
+    plan = models.plan_for(spec["kind"])
     apply_tensor_parallel(model, mesh["tp"], plan=plan, sequence_parallel=spec["sp"],
                           loss_parallel=spec["lp"])
     dp_degree = replicate * shard

@@ -15,6 +15,11 @@ from meshtrain_runtime.parallel.plans.expand import (
     module_name,
     pattern_regex,
 )
+from meshtrain_runtime.parallel.plans.regions import (
+    guard_whole_input_modules,
+    is_norm,
+    plan_example,
+)
 from meshtrain_runtime.parallel.plans.resolve import (
     KEPT_REPLICATED_STYLES,
     STYLE_NAMES,
@@ -24,7 +29,6 @@ from meshtrain_runtime.parallel.plans.resolve import (
 from meshtrain_runtime.parallel.plans.styles import (
     PrepareRegionInput,
     build_parallelize_plan,
-    is_norm,
     sequence_parallel_norms,
     torch_style,
 )
@@ -38,10 +42,12 @@ __all__ = [
     "StyleSpec",
     "build_parallelize_plan",
     "expand_plan",
+    "guard_whole_input_modules",
     "is_inside",
     "is_norm",
     "module_name",
     "pattern_regex",
+    "plan_example",
     "resolve_tp_plan",
     "sequence_parallel_norms",
     "torch_style",

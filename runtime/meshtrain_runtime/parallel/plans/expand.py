@@ -59,7 +59,7 @@ def expand_plan(
                 f"{source} entry {pattern!r} matches no module of {type(model).__name__}"
                 f"{f' (under {prefix!r})' if prefix else ''}. Module names look like: "
                 f"{_sample_names(module_names)}. Use '*' for the layer index, e.g. "
-                "'layers.*.self_attn.q_proj'."
+                f"{_indexed_example(module_names)!r}."
             )
         modules.update(dict.fromkeys(module_hits, style))
         parameters.update(dict.fromkeys(param_hits, style))
@@ -82,6 +82,15 @@ def parent_name(name: str) -> str:
 def is_inside(name: str, ancestor: str) -> bool:
     """Whether module `name` is `ancestor` or lies below it."""
     return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
+
+
+def _indexed_example(names: list[str]) -> str:
+    """The first of the model's own module names with a layer index, as a wildcard."""
+    for name in names:
+        wildcard = re.sub(r"\.\d+(?=\.|$)", ".*", name)
+        if wildcard != name and not wildcard.endswith("*"):
+            return wildcard
+    return names[-1] if names else "layers.*.proj"
 
 
 def _sample_names(names: list[str], limit: int = 8) -> str:

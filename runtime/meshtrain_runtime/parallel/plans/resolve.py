@@ -33,6 +33,7 @@ from meshtrain_runtime.parallel.plans.expand import (
     module_name,
     parent_name,
 )
+from meshtrain_runtime.parallel.plans.regions import plan_example, whole_input_modules
 
 STYLE_NAMES = (
     "colwise",
@@ -49,11 +50,6 @@ KEPT_REPLICATED_STYLES = frozenset(
     {"packed_colwise", "packed_rowwise", "moe_tp_experts", "moe_identity_expert",
      "grouped_gemm", "ep_dispatch_experts", "ep_router"}
 )
-_PLAN_EXAMPLE = (
-    "transform(model, tp_plan={'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.k_proj': "
-    "'colwise', 'layers.*.attn.v_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise', "
-    "'layers.*.mlp.up_proj': 'colwise', 'layers.*.mlp.down_proj': 'rowwise'})"
-)
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,9 @@ class ResolvedPlan:
     """A tensor-parallel plan over one model's concrete module names.
 
     `regions` are the modules (attention, MLP) whose input enters a colwise -> rowwise pair:
-    Megatron's f/g boundaries. `kept_replicated` lists HF entries meshtrain leaves whole.
+    Megatron's f/g boundaries. `whole_inputs` are modules inside a region that run on its whole
+    input (a plain block's norm before its colwise projection; see plans/regions.py).
+    `kept_replicated` lists HF entries meshtrain leaves whole.
     """
 
     styles: dict[str, StyleSpec]
@@ -70,6 +68,7 @@ class ResolvedPlan:
     head: str | None
     kept_replicated: tuple[str, ...]
     source: str
+    whole_inputs: tuple[str, ...] = ()
 
 
 def resolve_tp_plan(model: nn.Module, plan: Mapping[str, StyleSpec] | None) -> ResolvedPlan:
@@ -79,7 +78,7 @@ def resolve_tp_plan(model: nn.Module, plan: Mapping[str, StyleSpec] | None) -> R
     """
     if plan is not None:
         if not plan:
-            raise ConfigError(f"tp_plan is empty. Pass module styles, e.g. {_PLAN_EXAMPLE}")
+            raise ConfigError(f"tp_plan is empty. Pass module styles, e.g. {plan_example(model)}")
         expanded = expand_plan(model, plan, source="tp_plan")
         if expanded.parameters:
             names = ", ".join(sorted(expanded.parameters)[:3])
@@ -145,7 +144,8 @@ def _finish(
             f"{source}: a 'rowwise' module sits directly on the model root; put the colwise -> "
             "rowwise pair inside a submodule (an attention or MLP block)."
         )
-    return ResolvedPlan(canonical, tuple(regions), embedding, head, kept, source)
+    whole_inputs = whole_input_modules(model, canonical, tuple(regions))
+    return ResolvedPlan(canonical, tuple(regions), embedding, head, kept, source, whole_inputs)
 
 
 def _canonical_style(name: str, style: StyleSpec, module: nn.Module, source: str) -> StyleSpec:
@@ -154,8 +154,7 @@ def _canonical_style(name: str, style: StyleSpec, module: nn.Module, source: str
     if style not in STYLE_NAMES:
         raise ConfigError(
             f"{source}[{name!r}] = {style!r} is not a style meshtrain translates. Use one of "
-            f"{', '.join(STYLE_NAMES)} or a torch ParallelStyle (for a whole model: "
-            f"{_PLAN_EXAMPLE})."
+            f"{', '.join(STYLE_NAMES)} or a torch ParallelStyle."
         )
     if style == "colwise_rep":
         return "colwise_gather_output"
@@ -205,7 +204,7 @@ def _no_plan_message(model: nn.Module) -> str:
     return (
         f"{type(model).__name__} declares no tensor-parallel plan (no "
         "config.base_model_tp_plan), so meshtrain cannot tell which layers to split. Pass one, "
-        f"e.g. {_PLAN_EXAMPLE}. Names are module paths with '*' for the layer index (this "
+        f"e.g. {plan_example(model)}. Names are module paths with '*' for the layer index (this "
         f"model's linear layers: {shown or 'none'}); styles: {', '.join(STYLE_NAMES)} or a "
         "torch ParallelStyle."
     )

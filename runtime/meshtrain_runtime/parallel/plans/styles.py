@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from meshtrain_runtime.parallel.plans.expand import is_inside
+from meshtrain_runtime.parallel.plans.regions import is_norm
 from meshtrain_runtime.parallel.plans.resolve import ResolvedPlan, StyleSpec
 
 SEQUENCE_DIM = 1
@@ -113,24 +114,19 @@ def torch_style(
     raise AssertionError(f"unresolved style {style!r}")  # resolve_tp_plan canonicalises
 
 
-def is_norm(module: nn.Module) -> bool:
-    """LayerNorm / RMSNorm-like modules (HF defines its own ``LlamaRMSNorm`` classes)."""
-    if isinstance(module, nn.LayerNorm | nn.RMSNorm):
-        return True
-    return type(module).__name__.endswith("Norm") and any(
-        True for _ in module.parameters(recurse=False)
-    )
-
-
 def sequence_parallel_norms(model: nn.Module, resolved: ResolvedPlan) -> list[str]:
-    """Norms on the residual stream: outside every region and not styled by the plan."""
+    """Norms on the residual stream: outside every region and not styled by the plan, or
+    inside one but on its whole input (a plain block's norm before its colwise projection)."""
     return [
         name
         for name, module in model.named_modules()
         if name
-        and name not in resolved.styles
         and is_norm(module)
-        and not any(is_inside(name, region) for region in resolved.regions)
+        and (
+            name in resolved.whole_inputs
+            or (name not in resolved.styles
+                and not any(is_inside(name, region) for region in resolved.regions))
+        )
     ]
 
 
@@ -150,8 +146,13 @@ def build_parallelize_plan(
         if translated is not None:
             plan[name] = translated
     layout: Placement = Shard(SEQUENCE_DIM) if sequence_parallel else Replicate()
+    entered = {region for region in resolved.regions
+               if any(is_inside(name, region) for name in resolved.whole_inputs)}
     for region in resolved.regions:
-        plan.setdefault(region, PrepareRegionInput(input_layout=layout))
+        # A region whose own modules read its input whole (its norm) keeps a plain input;
+        # each colwise projection then turns its input into a Replicate DTensor itself.
+        if region not in entered:
+            plan.setdefault(region, PrepareRegionInput(input_layout=layout))
     if sequence_parallel:
         for name in sequence_parallel_norms(model, resolved):
             plan[name] = SequenceParallel(sequence_dim=SEQUENCE_DIM)
