@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# What CI enforces about skips and tiers (CI=true): tests/ci_guards.py, docs/testing.md.
+pytest_plugins = ["ci_guards"]
+
 TESTS = Path(__file__).resolve().parent
 SHARED_RESOURCES = {
     TESTS / "docker": "docker tier",

@@ -1,8 +1,10 @@
 """The `docker` tier: a private dockerd for the whole run, and the test image built once.
 
-Nothing is installed here (.ci/run installs docker.io). When no engine can start, every test
-of the tier is skipped with the reason printed (`-ra`). The daemon is stopped by its pid at
-the end of the session, after its networks are removed.
+Nothing is installed here (.ci/run installs docker.io). Where there is no engine to start (no
+dockerd, not root, no mmdebstrap), every test of the tier is skipped with the reason printed
+(`-ra`) on a developer's machine and fails under CI=true (tests/ci_guards.py). An engine that is
+there but does not start is an error with the daemon's log, never a skip. The daemon is stopped
+by its pid at the end of the session, after its networks are removed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from ci_guards import missing_component
 from docker_daemon import Daemon, start_daemon, stop_daemon, why_not_startable
 from docker_image import build_test_image, python_volumes
 
@@ -44,13 +47,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def docker_engine(tmp_path_factory: pytest.TempPathFactory):
     reason = why_not_startable()
     if reason:
-        pytest.skip(f"docker tier: {reason}")
+        missing_component(f"docker tier: {reason}")
     # A short path: the daemon's unix socket must stay under 108 characters.
     root = Path(tmp_path_factory.mktemp("dockerd", numbered=True))
     try:
         daemon = start_daemon(root)
-    except RuntimeError as error:
-        pytest.skip(f"docker tier: the engine could not start: {error}")
+    except RuntimeError as error:  # installed but broken: an error with its log, never a skip
+        pytest.fail(f"docker tier: the engine could not start: {error}", pytrace=False)
     previous = os.environ.get("DOCKER_HOST")
     os.environ["DOCKER_HOST"] = daemon.host
     try:
@@ -81,7 +84,8 @@ def meshtrain_image(docker_engine: Engine) -> str:
     from meshtrain.backends.docker.image import build_image
 
     if shutil.which("mmdebstrap") is None:
-        pytest.skip("docker tier: no mmdebstrap to build meshtrain's image (.ci/run installs it)")
+        missing_component("docker tier: no mmdebstrap to build meshtrain's image "
+                          "(.ci/run installs it)")
     start = time.monotonic()
     tag = build_image()
     print(f"\nmeshtrain's CPU image {tag} built in {time.monotonic() - start:.0f} s")

@@ -3,7 +3,8 @@
 dockerd is started by hand with its own socket, data root and exec root under a temporary
 directory (overlay2, no iptables, no default bridge: user-defined networks still work), and is
 stopped by its pid after the job networks are removed. Nothing is installed here: a missing
-dockerd, a non-root user or a daemon that does not answer is a skip reason.
+dockerd or a non-root user is a reason to skip (to fail under CI=true, conftest.py); a daemon
+that does not answer raises with its log.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def start_daemon(root: Path) -> Daemon:
             daemon.docker("version", "--format", "{{.Server.Version}}")
             return daemon
         time.sleep(0.3)
-    stop_daemon(daemon)
+    # read before stop_daemon, which removes the daemon's root with its log
     tail = (root / "dockerd.log").read_text(errors="replace")[-2000:]
+    stop_daemon(daemon)
     raise RuntimeError(f"dockerd did not start (exit {proc.poll()}):\n{tail}")
 
 

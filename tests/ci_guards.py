@@ -1,0 +1,153 @@
+"""What CI enforces about the tests that did not run (docs/testing.md, "What CI enforces").
+
+A pytest plugin (``pytest_plugins`` in tests/conftest.py). Outside CI it only prints. With the
+environment variable ``CI=true`` the run fails when
+
+- a test was skipped (or xfailed) and is not a `gpu`-marked test skipped because it "needs a
+  GPU" (the one skip a CPU machine may have); a module skipped whole must say "needs a GPU";
+- a tier ran fewer tests than its floor in tests/tier_floors.json: a marker's tests deselected
+  or never collected count as skipped too. The floors are kept per ``-m`` expression (README's
+  command runs ``-m 'not serial'`` and then ``-m serial``) and apply when the run is the whole
+  suite (no paths named on the command line);
+
+and the skip summary (``-rs``) is printed. Under pytest-xdist the controller receives every
+report and decides; the workers only run tests.
+
+Tests call `missing_component` and `import_or_skip` where a real part is absent: a skip with its
+reason on a developer's machine, a failure under CI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+GPU_MARKER = "gpu"
+GPU_REASON = "needs a GPU"
+FLOORS_FILE = Path("tests") / "tier_floors.json"
+
+
+def in_ci() -> bool:
+    """CI=true (GitHub's and most CI systems' convention; .ci/run sets it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def missing_component(reason: str) -> NoReturn:
+    """A real component the test needs is absent: skip with `reason`, or fail under CI."""
+    __tracebackhide__ = True
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: a missing component fails the run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def import_or_skip(name: str) -> ModuleType:
+    """`name` imported; missing_component only when `name` itself (or its package) is not
+    installed. A module that is there but fails to import raises: a broken install is an error,
+    never read as missing."""
+    __tracebackhide__ = True
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not (name == error.name or name.startswith(error.name + ".")):
+            raise
+        missing_component(f"{name} is not installed ({error})")
+
+
+def expected_skip(markers: set[str] | None, reason: str) -> bool:
+    """The one skip CI accepts: a `gpu` test (or a module, markers None) that needs a GPU."""
+    gpu = markers is None or GPU_MARKER in markers
+    return gpu and GPU_REASON in reason and not reason.startswith("xfail")
+
+
+def floor_problems(floors: dict[str, int], ran: dict[str, set[str]]) -> list[str]:
+    """The tiers below their floor: `floors` maps a marker (or "tests": all) to a least count of
+    tests that ran; `ran` maps each test that ran to its markers."""
+    problems = []
+    for marker, floor in sorted(floors.items()):
+        count = len(ran) if marker == "tests" else sum(marker in m for m in ran.values())
+        if count < floor:
+            problems.append(f"tier {marker!r}: {count} tests ran, the floor is {floor}")
+    return problems
+
+
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return f"xfail: {report.wasxfail}"
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist workers only run tests: the controller receives their reports and decides
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(CiGuard(config), "meshtrain-ci-guard")
+
+
+class CiGuard:
+    """One run's record: the tests whose body ran (with their markers), unexpected skips."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.ran: dict[str, set[str]] = {}
+        self.unexpected: dict[str, str] = {}
+        self.problems: list[str] = []
+        chars = config.option.reportchars or ""
+        if in_ci() and not any(c in chars for c in "sSaA"):
+            config.option.reportchars = chars + "s"  # the skip summary
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        markers = {name for name, value in report.keywords.items() if value}
+        if report.skipped:
+            if not expected_skip(markers, _reason(report)):
+                self.unexpected[report.nodeid] = _reason(report)
+        elif report.when == "call":
+            self.ran[report.nodeid] = markers
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped and not expected_skip(None, _reason(report)):
+            self.unexpected[report.nodeid] = _reason(report)
+
+    def whole_suite(self) -> bool:
+        """No paths named: the run is the testpaths (the floors describe those)."""
+        return self.config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+    def check_floors(self) -> None:
+        path = self.config.rootpath / FLOORS_FILE
+        expression = " ".join((self.config.option.markexpr or "").split())
+        selections = json.loads(path.read_text())["selections"] if path.exists() else {}
+        if expression not in selections:
+            self.problems.append(f"no floors for -m {expression!r} in {FLOORS_FILE}: add the "
+                                 "tiers this selection must run")
+            return
+        self.problems.extend(floor_problems(selections[expression], self.ran))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not in_ci():
+            return
+        self.problems.extend(f"unexpected skip: {nodeid}: {reason}"
+                             for nodeid, reason in sorted(self.unexpected.items()))
+        if self.whole_suite():
+            self.check_floors()
+        ok = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED,
+              pytest.ExitCode.NO_TESTS_COLLECTED)
+        if self.problems and exitstatus in ok:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not in_ci():
+            return
+        terminalreporter.section("CI guards (CI=true)")
+        for problem in self.problems:
+            terminalreporter.write_line(f"FAILED CI guard: {problem}", red=True)
+        if not self.problems:
+            scope = "" if self.whole_suite() else " (paths named: floors not checked)"
+            terminalreporter.write_line(
+                f"CI guards passed: no unexpected skip; {len(self.ran)} tests ran{scope}")
