@@ -16,22 +16,21 @@ entry). For each layout named on the command line, rank 0 prints one ``RESULT {j
   the groups resharded after forward (all but the output head and the root), reduce-scatter of
   every gradient, plus an all-reduce of the gradient shards over replicas when hybrid.
 
-Hand-written sides: ``fully_shard`` per block, embedding, head (no reshard) and root on a
-``init_device_mesh`` mesh; TP with ``parallelize_module`` and torchtitan's Llama plan (HF names)
-from benchmarks/bench_tp_comm.py. With TP alone (no FSDP2 on top) the hand-written side also
-makes the parameters the plan leaves whole (the norms) Replicate DTensors with torch's
-``distribute_module``, as torchtitan's ``SequenceParallel`` style does: left plain beside the
-DTensor weights, torch's default AdamW on CUDA (foreach) raises "got mixed torch.Tensor and
-DTensor" (torch 2.13), so plain norms are not a layout a user could train on a GPU; on CPU AdamW
-defaults to its single-tensor path, which hides that. transform() replicates them too (and
-computes them on local tensors). Expert parallelism has no torch-only equivalent, so its
-hand-written side calls meshtrain's own building blocks (``apply_expert_parallel``,
-``shard_experts_with_fsdp``) and ``fully_shard`` directly: that ratio measures what
-``transform()`` adds around them, not the expert kernels. With ``compile`` both sides compile
-each block in place; under TP the hand-written side also waits for the embedding's pending
-all-reduce, as ``transform()`` does (`_wait_for_embedding`).
+Hand-written sides (torch only; benchmarks/RESULTS.md says which baseline each run used):
+``fully_shard`` per block, embedding, head (no reshard) and root on an ``init_device_mesh`` mesh;
+TP with ``parallelize_module`` and torchtitan's Llama plan (HF names) from
+benchmarks/bench_tp_comm.py. With TP alone the parameters the plan leaves whole (the norms) stay
+plain tensors, replicated on every rank and computed on as such: what ``transform()`` computes
+too (it keeps them as Replicate DTensors for the optimizer and clip_grad_norm_ but runs the
+norms on their local tensors), and what a CPU user trains with (AdamW's single-tensor path, the
+CPU default, takes a mix of plain tensors and DTensors; CUDA's foreach path does not, a GPU-side
+concern). Expert parallelism: benchmarks/ep_by_hand.py, torch's all-to-all with no meshtrain
+code, the model's own router. With ``compile`` both sides compile each block in place; under TP
+the hand-written side also waits for the embedding's pending all-reduce, as ``transform()`` does
+(`_wait_for_embedding`). Every record carries both sides' first-step loss (the same weights and
+rows: equal losses say both sides do the same work).
 
-``null_full_shard`` measures the method itself: the hand-written full-shard model against a
+``null_<layout>`` measures the method itself: the hand-written model of ``<layout>`` against a
 second copy of itself. Its ratio is what "no overhead" reads as on the machine at hand.
 """
 
@@ -51,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate, distribute_module
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -69,10 +68,9 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
     "tp_x_hybrid_compile": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2,
                              "compile": True}, "llama"),
     "ep_compile": ({"expert_parallel_degree": 2, "compile": True}, "mixtral"),
-    # the method's own floor: the hand-written model against a second copy of itself
-    "null_full_shard": ({}, "llama"),
 }
-NULL_LAYOUTS = {"null_full_shard"}
+OUTSIDE = {"torch", "transformers", "builtins", "typing"}
+NULL_PREFIX = "null_"  # null_<layout>: the hand-written <layout> against a copy of itself
 DEFAULT_LAYOUTS = "full_shard,hybrid,tp,tp_x_hybrid,ep"
 VOCAB = 512
 
@@ -128,16 +126,18 @@ def shard_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int) -> nn.Modu
 
 def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -> nn.Module:
     from bench_tp_comm import torch_plan
+    from ep_by_hand import expert_mesh, expert_parallel_by_hand
     from torch.distributed.tensor.parallel import parallelize_module
 
-    model = build_model(LAYOUTS[name][1], args)
+    model = build_model(spec(name)[1], args)
     mesh, replicate, shard, tp = hand_mesh(params)
-    if params.get("expert_parallel_degree", 1) > 1:
-        return _ep_by_hand(model, mesh, replicate, compile_blocks=params.get("compile", False))
-    if tp > 1:
+    ep = params.get("expert_parallel_degree", 1)
+    if ep > 1:
+        return expert_parallel_by_hand(
+            model, expert_mesh(replicate, shard, ep), compile_blocks=params.get("compile", False),
+            fsdp_rest=lambda m: shard_by_hand(m, mesh, replicate))
+    if tp > 1:  # the norms stay plain tensors (module docstring)
         parallelize_module(model, mesh["tp"], torch_plan(model, sp=False, lp=False))
-        if replicate * shard == 1:  # with FSDP2 on top every parameter is a DTensor already
-            replicate_whole_parameters(model, mesh["tp"])
     if params.get("compile"):  # torchtitan: per block, after TP, before FSDP
         for layer in model.model.layers:
             layer.compile()
@@ -146,23 +146,6 @@ def build_by_hand(name: str, params: dict[str, Any], args: argparse.Namespace) -
     if replicate * shard > 1:
         shard_by_hand(model, mesh, replicate)
     return model
-
-
-def replicate_whole_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Every module with plain-tensor parameters computes on Replicate DTensors (torch's
-    ``distribute_module``: parameters replicated, inputs in as DTensors, outputs out local)."""
-
-    def inputs_in(_module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
-        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-                     if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x
-                     for x in inputs)
-
-    def output_out(_module: nn.Module, output: Any, _mesh: DeviceMesh) -> Any:
-        return output.to_local() if isinstance(output, DTensor) else output
-
-    for module in list(model.modules()):
-        if any(not isinstance(p, DTensor) for p in module.parameters(recurse=False)):
-            distribute_module(module, tp_mesh, input_fn=inputs_in, output_fn=output_out)
 
 
 def _wait_for_embedding(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
@@ -174,29 +157,53 @@ def _wait_for_embedding(module: nn.Module, inputs: Any, output: torch.Tensor) ->
     return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
 
 
-def _ep_by_hand(model: nn.Module, mesh: DeviceMesh, replicate: int, *,
-                compile_blocks: bool) -> nn.Module:
-    """meshtrain's EP building blocks called directly, then fully_shard by hand."""
-    import meshtrain_runtime as mr
-    from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
-    from meshtrain_runtime.parallel.fsdp import expert_data_parallel_mesh
-
-    expert_mesh = mr.state.expert_mesh
-    model = apply_expert_parallel(model, expert_mesh)
-    if compile_blocks:
-        for layer in model.model.layers:
-            layer.compile()
-    shard_experts_with_fsdp(model, expert_data_parallel_mesh(expert_mesh, replicate),
-                            reshard_after_forward=True)
-    return shard_by_hand(model, mesh, replicate)
+def spec(name: str) -> tuple[dict[str, Any], str, bool]:
+    """(SMP parameters, model kind, null?) of a layout name."""
+    null = name.startswith(NULL_PREFIX)
+    base = name[len(NULL_PREFIX):] if null else name
+    if base not in LAYOUTS:
+        known = ", ".join([*LAYOUTS, *(NULL_PREFIX + n for n in LAYOUTS)])
+        raise SystemExit(f"unknown layout {name!r}; known: {known}")
+    return LAYOUTS[base][0], LAYOUTS[base][1], null
 
 
-def step_fn(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor):
-    def step() -> None:
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return step
+class Step:
+    """One training step of `model`; keeps the loss of its first call."""
+
+    def __init__(self, model: nn.Module, ids: torch.Tensor) -> None:
+        self.model, self.ids = model, ids
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.first_loss: float | None = None
+
+    def __call__(self) -> None:
+        loss = self.model(input_ids=self.ids, labels=self.ids, use_cache=False).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.first_loss is None:
+            self.first_loss = float(loss.detach())
+
+
+def first_losses(steps: dict[str, Step]) -> dict[str, float]:
+    """Both sides' first-step loss averaged over the ranks, and the largest difference of the
+    two on any rank (same weights, same rows: the same work gives the same loss)."""
+    local = torch.tensor([steps["transform"].first_loss, steps["by_hand"].first_loss],
+                         dtype=torch.float64)
+    mean, diff = local.clone(), (local[0] - local[1]).abs().reshape(1)
+    dist.all_reduce(mean)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    mean /= dist.get_world_size()
+    return {"transform": float(mean[0]), "by_hand": float(mean[1]),
+            "max_abs_diff": float(diff[0])}
+
+
+def own_classes(model: nn.Module) -> list[str]:
+    """Module classes in `model` (and their bases: fully_shard subclasses them) that come from
+    neither torch nor transformers: meshtrain's on the transform() side, the benchmark's own
+    (``ep_by_hand.AllToAllExperts``) and no meshtrain class on a hand-written side."""
+    found = {f"{c.__module__}.{c.__qualname__}" for m in model.modules()
+             for c in type(m).__mro__ if c.__module__.split(".")[0] not in OUTSIDE}
+    return sorted(found)
 
 
 def timed(step, count: int) -> tuple[list[float], float]:
@@ -251,7 +258,7 @@ def collectives(step) -> dict[str, int]:
 def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import meshtrain_runtime as mr
 
-    params, kind = LAYOUTS[name]
+    params, kind, null = spec(name)
     if params.get("tensor_parallel_degree") == 0:
         params = {**params, "tensor_parallel_degree": int(os.environ["WORLD_SIZE"])}
     mr.reset()
@@ -259,14 +266,12 @@ def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
     reference = build_model(kind, args)
     theory_bytes_total = sum(p.numel() * p.element_size() for p in reference.parameters())
     # "transform" is the side under test; a null layout puts a second hand-written copy there
-    subject = build_by_hand(name, params, args) if name in NULL_LAYOUTS \
-        else mr.transform(build_model(kind, args))
+    subject = build_by_hand(name, params, args) if null else mr.transform(build_model(kind, args))
     models = {"transform": subject, "by_hand": build_by_hand(name, params, args)}
     _, replicate, shard, tp = hand_mesh(params)
     ids = torch.randint(0, VOCAB, (args.batch, args.seq),
                         generator=torch.Generator().manual_seed(mr.state.dp_rank))
-    steps = {k: step_fn(m, torch.optim.AdamW(m.parameters(), lr=1e-4), ids)
-             for k, m in models.items()}
+    steps = {k: Step(m, ids) for k, m in models.items()}
     # CommDebugMode's module tracker fails on HF Mixtral's MoE blocks; EP's all-to-all bytes
     # are measured against theory by bench_ep_alltoall.py (its own dispatch-level counter).
     comm = {k: collectives(s) for k, s in steps.items()} if kind == "llama" else {}
@@ -286,20 +291,21 @@ def run_layout(name: str, args: argparse.Namespace) -> dict[str, Any]:
               "theory_bytes": theory_bytes_total // (shard * tp)}
     comm["theory"] = fsdp_theory(reference, replicate, shard) if tp == 1 and kind == "llama" \
         else None
-    return {"layout": name, "null": name in NULL_LAYOUTS, "parameters": params,
+    return {"layout": name, "null": null, "parameters": params,
             "ranks": dist.get_world_size(),
             "mesh": {"replicate": replicate, "shard": shard, "tp": tp},
             "round_ratios": ratios, "cpu_round_ratios": cpu_ratios,
             "step_ms": {k: 1e3 * statistics.median(v) for k, v in samples.items()},
             "memory": memory, "collective_bytes": comm,
-            "plain_parameters": {k: plain_parameters(m) for k, m in models.items()}}
+            "plain_parameters": {k: plain_parameters(m) for k, m in models.items()},
+            "first_loss": first_losses(steps),
+            "own_classes": {k: own_classes(m) for k, m in models.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     for name in args.layouts.split(","):
-        if name not in LAYOUTS:
-            raise SystemExit(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
+        spec(name)  # unknown names fail here
         result = run_layout(name, args)
         if dist.get_rank() == 0:
             print("RESULT " + json.dumps(result), flush=True)

@@ -3,7 +3,7 @@
 `benchmarks/run_all.py` collects raw measurements (the ``RESULT`` lines of overhead.py, the JSON
 of bench_tp_comm.py and bench_ep_alltoall.py, launch timings) and this module turns them into
 benchmarks/results/latest.json and its markdown table. Kept apart so that
-tests/benchmarks/test_report.py can check the arithmetic on hand-made inputs.
+tests/benchmarks/test_bench_report.py can check the arithmetic on hand-made inputs.
 """
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ def summarize_ratios(ratios: Sequence[float]) -> dict[str, Any]:
         "max": values[-1],
         "n": len(values),
     }
+
+
+def _spread(ratios: Sequence[float]) -> tuple[float, dict[str, Any]]:
+    summary = summarize_ratios(ratios)
+    return summary["median"], {k: summary[k] for k in ("q1", "q3", "min", "max", "n")}
+
+
+def within_goal(entry: Mapping[str, Any], goal: float) -> bool:
+    """The goal holds only when the wall-clock AND the CPU-time median both meet it (the CPU
+    ratio alone would hide waiting; the wall one alone is the scheduler's on a loaded box)."""
+    cpu = entry.get("cpu_overhead_ratio")
+    return entry["overhead_ratio"] <= goal and cpu is not None and cpu <= goal
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -71,6 +83,8 @@ def layout_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
         else None,
         "step_ms": raw["step_ms"],
         "plain_parameters": raw.get("plain_parameters"),
+        "first_loss": raw.get("first_loss"),
+        "own_classes": raw.get("own_classes"),
         "memory": {
             **memory,
             "over_theory": _ratio(memory["transform_bytes"], memory["theory_bytes"]),
@@ -87,19 +101,29 @@ def layout_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def launch_entry(fit_s: Sequence[float], torchrun_s: Sequence[float]) -> dict[str, Any]:
-    """Launch overhead from interleaved pairs: per-pair ratio fit / torchrun, its spread."""
-    if len(fit_s) != len(torchrun_s):
-        raise ValueError(f"{len(fit_s)} fit() timings but {len(torchrun_s)} torchrun timings")
-    spread = summarize_ratios([f / t for f, t in zip(fit_s, torchrun_s, strict=True)])
-    return {
-        "overhead_ratio": spread["median"],
-        "overhead_spread": {k: spread[k] for k in ("q1", "q3", "min", "max", "n")},
-        "fit_s": list(fit_s),
-        "torchrun_s": list(torchrun_s),
-        "median_fit_s": statistics.median(fit_s),
-        "median_torchrun_s": statistics.median(torchrun_s),
-    }
+def _pair_ratios(top: Sequence[float], bottom: Sequence[float]) -> list[float]:
+    if len(top) != len(bottom):
+        raise ValueError(f"{len(top)} timings against {len(bottom)}: rounds must pair up")
+    return [a / b for a, b in zip(top, bottom, strict=True)]
+
+
+def launch_entry(raw: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Launch overhead from interleaved rounds (launch_overhead.measure_launch's lists):
+    fit / torchrun in wall and CPU seconds, each round's own ratio, and the null pair (a second
+    torchrun / torchrun) beside it as the floor."""
+    entry: dict[str, Any] = {"raw": {k: list(v) for k, v in raw.items()}}
+    entry["overhead_ratio"], entry["overhead_spread"] = _spread(
+        _pair_ratios(raw["fit_s"], raw["torchrun_s"]))
+    entry["cpu_overhead_ratio"], entry["cpu_overhead_spread"] = _spread(
+        _pair_ratios(raw["fit_cpu_s"], raw["torchrun_cpu_s"]))
+    null_wall, null_spread = _spread(_pair_ratios(raw["null_s"], raw["torchrun_s"]))
+    null_cpu, null_cpu_spread = _spread(_pair_ratios(raw["null_cpu_s"], raw["torchrun_cpu_s"]))
+    entry["floor"] = {"layout": "torchrun vs torchrun", "overhead_ratio": null_wall,
+                      "overhead_spread": null_spread, "cpu_overhead_ratio": null_cpu,
+                      "cpu_overhead_spread": null_cpu_spread}
+    entry["median_fit_s"] = statistics.median(raw["fit_s"])
+    entry["median_torchrun_s"] = statistics.median(raw["torchrun_s"])
+    return entry
 
 
 def tp_comm_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,6 +160,7 @@ def build_report(
 ) -> dict[str, Any]:
     """The latest.json document; `goals_met` compares against the issue's acceptance bounds."""
     entries = [layout_entry(raw) for raw in layouts]
+    attach_floors(entries)
     report: dict[str, Any] = {
         "machine": dict(machine),
         "layouts": {entry["layout"]: entry for entry in entries},
@@ -144,55 +169,88 @@ def build_report(
         "ep_all_to_all": ep_comm_entry(ep_comm) if ep_comm else None,
     }
     measured = [e for e in entries if not e["null"]]
+    for entry in measured:
+        entry["goal_met"] = within_goal(entry, OVERHEAD_GOAL)
     report["goals_met"] = {
-        # a null layout (hand-written vs hand-written) is the method's floor, not a goal
-        "overhead_ratio_le_1.03": all(e["overhead_ratio"] <= OVERHEAD_GOAL for e in measured),
-        "launch_le_1.2": None if not launch else launch["overhead_ratio"] <= LAUNCH_GOAL,
+        # a null layout (hand-written vs hand-written) is the method's floor, not a goal;
+        # wall-clock and CPU-time medians must both meet it
+        "overhead_ratio_le_1.03": all(e["goal_met"] for e in measured),
+        "launch_le_1.2": None if not launch else within_goal(launch, LAUNCH_GOAL),
     }
     return report
+
+
+def attach_floors(entries: Sequence[dict[str, Any]]) -> None:
+    """Give each measured layout the null layout of the same run and rank count (its floor:
+    what "no overhead" read as beside it); None when the run had none."""
+    nulls = {e["ranks"]: e for e in entries if e["null"]}
+    for entry in entries:
+        null = nulls.get(entry["ranks"]) if not entry["null"] else None
+        entry["floor"] = None if null is None else {
+            k: null[k] for k in ("layout", "overhead_ratio", "overhead_spread",
+                                 "cpu_overhead_ratio", "cpu_overhead_spread")}
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _cpu_cell(entry: Mapping[str, Any]) -> str:
-    spread = entry.get("cpu_overhead_spread")
-    if not spread:
+def _cell(ratio: float | None, spread: Mapping[str, Any] | None) -> str:
+    if ratio is None or not spread:
         return "-"
-    return (f"{_fmt(entry['cpu_overhead_ratio'])} "
-            f"({_fmt(spread['q1'])}..{_fmt(spread['q3'])})")
+    return f"{_fmt(ratio)} ({_fmt(spread['q1'])}..{_fmt(spread['q3'])})"
+
+
+def _floor_cell(floor: Mapping[str, Any] | None) -> str:
+    if not floor:
+        return "-"
+    return f"{_fmt(floor['overhead_ratio'])} / {_fmt(floor.get('cpu_overhead_ratio'))}"
+
+
+def _goal_cell(entry: Mapping[str, Any]) -> str:
+    if entry.get("null"):
+        return "(floor)"
+    return "yes" if entry.get("goal_met") else "**no**"
+
+
+def _load(values: Sequence[float] | None) -> str:
+    return "?" if not values else " / ".join(f"{v:.2f}" for v in values)
+
+
+def machine_lines(machine: Mapping[str, Any]) -> list[str]:
+    """The machine, and its load average at the start and the end of the run."""
+    lines = [f"Machine: {machine.get('description', '?')} ({machine.get('cpus', '?')} CPUs, "
+             f"torch {machine.get('torch', '?')})",
+             f"Load average (1 / 5 / 15 min): {_load(machine.get('load_start'))} at the start, "
+             f"{_load(machine.get('load_end'))} at the end."]
+    if machine.get("loaded"):
+        lines.append("**Loaded machine**: more runnable processes than CPUs at the start or the "
+                     "end; wall-clock ratios carry the scheduler's noise (compare each with its "
+                     "floor, and read the CPU-time ratio beside it).")
+    return lines
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The markdown table of a report (what run_all.py prints and writes next to the JSON)."""
-    machine = report["machine"]
-    lines = [
-        f"Machine: {machine.get('description', '?')} ({machine.get('cpus', '?')} CPUs, "
-        f"torch {machine.get('torch', '?')}, load average (1 min) {machine.get('load', '?')})",
-        "",
-        "| layout | ranks | overhead ratio | q1..q3 | CPU-time ratio (q1..q3) "
-        "| step ms (transform / by hand) | param bytes/rank vs theory "
-        "| collective bytes vs theory |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [*machine_lines(report["machine"]), "",
+             "| layout | ranks | wall-clock ratio (q1..q3) | CPU-time ratio (q1..q3) "
+             "| floor: null layout wall / CPU | goal: both <= 1.03 "
+             "| step ms (transform / by hand) | param bytes/rank vs theory "
+             "| collective bytes vs theory |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, entry in report["layouts"].items():
-        spread = entry["overhead_spread"]
         step = entry["step_ms"]
         label = f"{name} (hand-written vs itself)" if entry.get("null") else name
         lines.append(
-            f"| {label} | {entry['ranks']} | {_fmt(entry['overhead_ratio'])} | "
-            f"{_fmt(spread['q1'])}..{_fmt(spread['q3'])} | {_cpu_cell(entry)} | "
+            f"| {label} | {entry['ranks']} | "
+            f"{_cell(entry['overhead_ratio'], entry['overhead_spread'])} | "
+            f"{_cell(entry.get('cpu_overhead_ratio'), entry.get('cpu_overhead_spread'))} | "
+            f"{_floor_cell(entry.get('floor'))} | {_goal_cell(entry)} | "
             f"{step['transform']:.1f} / {step['by_hand']:.1f} | "
             f"{_fmt(entry['memory']['over_theory'], 4)} | "
             f"{_fmt(entry['collectives']['over_theory'], 4)} |"
         )
-    launch = report.get("launch")
-    if launch:
-        spread = launch["overhead_spread"]
-        lines += ["", f"Launch: fit() / raw torchrun = {_fmt(launch['overhead_ratio'])} "
-                  f"(q1..q3 {_fmt(spread['q1'])}..{_fmt(spread['q3'])}; "
-                  f"{launch['median_fit_s']:.2f} s vs {launch['median_torchrun_s']:.2f} s)"]
+    lines += _launch_lines(report.get("launch"))
     for name, entry in (report.get("tp_collectives") or {}).items():
         lines.append(f"TP ({name}): ring bytes/rank vs Megatron = {_fmt(entry['over_theory'], 4)}")
     ep = report.get("ep_all_to_all")
@@ -201,7 +259,21 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _launch_lines(launch: Mapping[str, Any] | None) -> list[str]:
+    if not launch:
+        return []
+    floor = launch["floor"]
+    return ["", f"Launch, fit() / raw torchrun (fresh processes, {launch['overhead_spread']['n']} "
+            f"rounds): wall {_cell(launch['overhead_ratio'], launch['overhead_spread'])}, "
+            f"CPU {_cell(launch['cpu_overhead_ratio'], launch['cpu_overhead_spread'])}; "
+            f"floor (torchrun / torchrun) wall {_fmt(floor['overhead_ratio'])}, CPU "
+            f"{_fmt(floor['cpu_overhead_ratio'])}; {launch['median_fit_s']:.2f} s vs "
+            f"{launch['median_torchrun_s']:.2f} s; goal (both <= 1.2): "
+            f"{'yes' if within_goal(launch, LAUNCH_GOAL) else 'no'}"]
+
+
 __all__ = [
+    "attach_floors",
     "build_report",
     "collective_totals",
     "ep_comm_entry",
@@ -210,4 +282,5 @@ __all__ = [
     "render_markdown",
     "summarize_ratios",
     "tp_comm_entry",
+    "within_goal",
 ]

@@ -5,11 +5,13 @@
 
 Steps: overhead.py on 4 ranks (the null layout: hand-written full shard against itself, the
 method's floor; full shard, hybrid 2x2, tp 4, ep 2; with --with-compile also full shard, hybrid,
-tp and ep with ``compile: true`` on both sides) and on 8 ranks (tp 2 x shard 2 x replicate 2,
-and compiled with --with-compile); bench_tp_comm.py (TP collective bytes vs Megatron's formulas);
+tp and ep with ``compile: true`` on both sides) and on 8 ranks (its own null layout, the
+hand-written tp 2 x shard 2 x replicate 2 against itself; that layout, and compiled with
+--with-compile); bench_tp_comm.py (TP collective bytes vs Megatron's formulas);
 bench_ep_alltoall.py (EP all-to-all bytes vs the routed theory); launch_overhead.py (fit() vs
-raw torchrun). Every launch goes through torchrun and meshtrain's rank entry with
-OMP_NUM_THREADS=1. Aggregation lives in report.py.
+raw torchrun, both fresh processes). Every launch goes through torchrun and meshtrain's rank
+entry with OMP_NUM_THREADS=1. The load average is recorded at the start and the end.
+Aggregation lives in report.py.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ import report  # noqa: E402  (a sibling module of this script, not a package)
 # median moved by more than 0.035 in five runs (runs 6-10). The smoke run keeps the tiny model.
 MODEL = ["--hidden", "256", "--layers", "2", "--seq", "128", "--batch", "2"]
 SMOKE_MODEL = ["--hidden", "64", "--layers", "2", "--seq", "32", "--batch", "2"]
+# A full run's layouts per launch (each launch starts with its null layout, the floor of the
+# layouts beside it) and the fewest interleaved pairs a full run accepts.
+FULL_4 = "null_full_shard,full_shard,hybrid,tp,ep"
+FULL_4_COMPILE = "full_shard_compile,hybrid_compile,tp_compile,ep_compile"
+FULL_8 = "null_tp_x_hybrid,tp_x_hybrid"
+SMOKE_2 = "null_full_shard,full_shard,tp,ep"
+MIN_PAIRS = 10
 
 
 def environment() -> dict[str, str]:
@@ -82,26 +91,38 @@ def json_of(script: str, args: list[str], timeout: int) -> dict[str, Any]:
         return json.loads(path.read_text())
 
 
-def machine(description: str) -> dict[str, Any]:
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none)."""
+    return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def machine(description: str, load_start: list[float] | None) -> dict[str, Any]:
+    """The machine, its load average at the start (given) and now, and whether it was loaded."""
     import torch
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"description": description, "cpus": os.cpu_count(), "torch": torch.__version__,
+    load_end, cpus = load_average(), os.cpu_count() or 1
+    return {"description": description, "cpus": cpus, "torch": torch.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
-            "load": None if load is None else round(load, 2)}
+            "load_start": load_start, "load_end": load_end,
+            "loaded": is_loaded(load_start, load_end, cpus=cpus)}
+
+
+def is_loaded(load_start: list[float] | None, load_end: list[float] | None, *, cpus: int) -> bool:
+    """More runnable processes than CPUs (1-minute load average) at the start or the end."""
+    return any(load is not None and load[0] > cpus for load in (load_start, load_end))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rounds = 2 if args.smoke else args.rounds
+    load_start = load_average()
     if args.smoke:
-        layouts = overhead(2, "full_shard,tp", rounds, timeout=300, model=SMOKE_MODEL)
-        return report.build_report(layouts, machine=machine(args.machine))
-    layouts = overhead(4, "null_full_shard,full_shard,hybrid,tp,ep", rounds, timeout=900)
+        layouts = overhead(2, SMOKE_2, 2, timeout=300, model=SMOKE_MODEL)
+        return report.build_report(layouts, machine=machine(args.machine, load_start))
+    rounds = args.rounds
+    layouts = overhead(4, FULL_4, rounds, timeout=1800)
     if args.with_compile:  # inductor compiles every block on every rank: minutes on 2 cores
-        layouts += overhead(4, "full_shard_compile,hybrid_compile,tp_compile,ep_compile", rounds,
-                            timeout=900)
-    layouts += overhead(8, "tp_x_hybrid,tp_x_hybrid_compile" if args.with_compile
-                        else "tp_x_hybrid", rounds, timeout=900)
+        layouts += overhead(4, FULL_4_COMPILE, rounds, timeout=1800)
+    layouts += overhead(8, FULL_8 + ",tp_x_hybrid_compile" if args.with_compile else FULL_8,
+                        rounds, timeout=1800)
     tp = json_of("bench_tp_comm.py", ["--tp", "2", "--layers", "2", "--hidden", "64",
                                       "--intermediate", "128", "--vocab", "512",
                                       "--seq-len", "32", "--steps", "1"], timeout=600)
@@ -110,18 +131,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           "--steps", "2"], timeout=600)
     from launch_overhead import measure_launch
 
-    fit_s, torchrun_s = measure_launch(args.launch_pairs, environment())
-    return report.build_report(layouts, machine=machine(args.machine),
-                               launch=report.launch_entry(fit_s, torchrun_s),
-                               tp_comm=tp, ep_comm=ep)
+    launch = report.launch_entry(measure_launch(args.launch_pairs, environment()))
+    return report.build_report(layouts, machine=machine(args.machine, load_start),
+                               launch=launch, tp_comm=tp, ep_comm=ep)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a full run takes at least MIN_PAIRS interleaved pairs of each kind."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
-                        help="full shard and tp of a tiny model on 2 ranks, 2 rounds")
+                        help="null, full shard, tp and ep of a tiny model on 2 ranks, 2 rounds")
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds per layout")
-    parser.add_argument("--launch-pairs", type=int, default=3)
+    parser.add_argument("--launch-pairs", type=int, default=MIN_PAIRS,
+                        help="interleaved launch rounds (fit, torchrun, torchrun again)")
     parser.add_argument("--with-compile", action="store_true",
                         help="also full shard, hybrid, tp, tp x hybrid and ep with compile: true "
                         "on both sides")
@@ -129,6 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine", default="unnamed machine",
                         help="a description of this machine, recorded with the figures")
     args = parser.parse_args(argv)
+    if not args.smoke and min(args.rounds, args.launch_pairs) < MIN_PAIRS:
+        parser.error(f"--rounds {args.rounds} / --launch-pairs {args.launch_pairs}: a full run "
+                     f"needs at least {MIN_PAIRS} interleaved pairs of each (fewer cannot tell a "
+                     "3 % overhead from the noise here); use --smoke for a quick check")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     os.environ.update(environment())  # fit()'s local job inherits this checkout's paths
     sys.path[:0] = [str(ROOT / "sdk"), str(ROOT / "runtime")]
     result = run(args)
