@@ -25,6 +25,7 @@ ROOT = TESTS.parent
 # one docker test: the tier's session fixture starts the engine before any test body
 DOCKER_TEST = ("tests/docker/test_docker_jobs.py"
                "::test_stop_mid_job_removes_its_containers_and_network")
+CRD_TEST = "tests/sdk/backends/kubernetes/test_render.py::test_trainjob_validates"
 INI = """
 [pytest]
 testpaths = tests
@@ -98,6 +99,24 @@ def test_a_missing_docker_engine_fails_under_ci_and_skips_with_its_reason_elsewh
     result.stdout.fnmatch_lines(["*docker tier: no dockerd on PATH*"])
     if ci:
         result.assert_outcomes(errors=1)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+    else:
+        result.assert_outcomes(skipped=1)
+        assert result.ret == pytest.ExitCode.OK
+
+
+@pytest.mark.parametrize("ci", [True, False])
+def test_absent_crd_schemas_fail_under_ci_and_skip_with_their_reason_elsewhere(
+        pytester, monkeypatch, tmp_path, ci):
+    """../shared/schemas is read where it is (never copied in, shared/README.md); where it is
+    absent the Kubernetes validation says so: a skip on a developer's machine, a CI failure."""
+    monkeypatch.setenv("MESHTRAIN_SHARED_SCHEMAS", str(tmp_path / "no-schemas"))
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    result = _run(pytester, monkeypatch, ci, "--rootdir", str(ROOT), "-p", "no:xdist",
+                  "-p", "no:cacheprovider", str(ROOT / CRD_TEST))
+    result.stdout.fnmatch_lines(["*the Kubeflow CRD schemas are not at*no-schemas*"])
+    if ci:
+        result.assert_outcomes(failed=1)
         assert result.ret == pytest.ExitCode.TESTS_FAILED
     else:
         result.assert_outcomes(skipped=1)

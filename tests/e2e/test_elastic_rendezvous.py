@@ -4,7 +4,9 @@ rendered PyTorchJob with the PET_* variables an elasticPolicy gives them. The qu
 2 hosts x 2 processes and ends with the same loss as the local-process job.
 
 Needs root, `ip netns`, `unshare` and etcd (`apt-get install etcd-server`); skipped with the
-reason otherwise. The namespaces talk only to each other over a veth pair, never to the outside."""
+reason otherwise, and a failure under CI=true (tests/ci_guards.py). An etcd that does not become
+healthy fails with its log. The namespaces talk only to each other over a veth pair, never to the
+outside."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from ci_guards import missing_component
 from test_kubernetes_pods import (
     last_loss,
     local_job_loss,
@@ -39,7 +42,9 @@ def _missing() -> str | None:
             return f"needs `{tool}` (etcd: apt-get install etcd-server)"
     try:
         import etcd  # noqa: F401  (torch's etcd rendezvous client)
-    except ImportError:
+    except ModuleNotFoundError as error:  # installed but broken: raise, not a skip
+        if error.name != "etcd":
+            raise
         return "needs the python-etcd package (torch's etcd-v2 rendezvous client)"
     return None
 
@@ -53,7 +58,7 @@ def two_hosts(tmp_path):
     """Namespaces algo-1 and algo-2 joined by a veth pair; etcd listening in algo-1."""
     reason = _missing()
     if reason:
-        pytest.skip(reason)
+        missing_component(f"etcd rendezvous: {reason}")
     tag = uuid.uuid4().hex[:6]
     spaces = [f"mt-{tag}-1", f"mt-{tag}-2"]
     hosts_file = tmp_path / "hosts"
@@ -74,8 +79,8 @@ def two_hosts(tmp_path):
             ["ip", "netns", "exec", spaces[0], "etcd", "--data-dir", str(tmp_path / "etcd"),
              "--enable-v2=true", "--listen-client-urls", url, "--advertise-client-urls", url,
              "--listen-peer-urls", "http://127.0.0.1:2380"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_etcd(spaces[0], url)
+            stdout=(tmp_path / "etcd.log").open("wb"), stderr=subprocess.STDOUT)
+        _wait_for_etcd(spaces[0], url, etcd, tmp_path / "etcd.log")
         yield spaces, hosts_file
     finally:
         if etcd is not None:
@@ -85,15 +90,18 @@ def two_hosts(tmp_path):
             subprocess.run(["ip", "netns", "del", space], capture_output=True)
 
 
-def _wait_for_etcd(space: str, url: str) -> None:
+def _wait_for_etcd(space: str, url: str, etcd: subprocess.Popen, log: Path) -> None:
+    """etcd answers its health check within 30 s, or the test fails with etcd's log."""
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and etcd.poll() is None:
         probe = subprocess.run(["ip", "netns", "exec", space, "etcdctl", "--endpoints", url,
                                 "endpoint", "health"], capture_output=True)
         if probe.returncode == 0:
             return
         time.sleep(0.3)
-    raise AssertionError("etcd did not become healthy in 30 s")
+    tail = log.read_text(errors="replace")[-3000:]
+    pytest.fail(f"etcd did not become healthy (exit {etcd.poll()}); its log:\n{tail}",
+                pytrace=False)
 
 
 def _etcd_v2_keys(space: str, url: str) -> list[str]:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci_guards import missing_component
 
 from meshtrain import Estimator, JobFailedError
 from meshtrain.backends.local import LocalBackend
@@ -48,7 +49,9 @@ def empty_tmpdir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """mount(name, size) -> a fresh tmpfs of that size (as root); unmounted in teardown."""
+    """mount(name, size) -> a fresh tmpfs of that size (as root); unmounted in teardown. Where
+    mounting is not permitted (not root, no CAP_SYS_ADMIN) the test is skipped with mount's
+    message, and fails with it under CI=true (tests/ci_guards.py)."""
     mounted: list[Path] = []
 
     def mount(name: str, size: str) -> Path:
@@ -57,9 +60,7 @@ def tmpfs(tmp_path):
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
                                str(target)], capture_output=True, text=True)
         if done.returncode != 0:
-            reason = f"mounting a tmpfs is not permitted here: {done.stderr.strip()}"
-            print(reason)
-            pytest.skip(reason)
+            missing_component(f"mounting a tmpfs failed here: {done.stderr.strip()}")
         mounted.append(target)
         return target
 
