@@ -14,7 +14,6 @@ from meshtrain.channels import check_channel_modes
 from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.contract.support import degenerate_layout_notes
 from meshtrain.estimator_checks import (
     check_backend_options,
     check_cluster,
@@ -22,6 +21,7 @@ from meshtrain.estimator_checks import (
     check_runtime_limits,
     check_writable_path,
     inline_parameters,
+    layout_notes,
 )
 from meshtrain.estimator_sources import check_entry_point, check_sources
 from meshtrain.estimator_values import (
@@ -108,8 +108,8 @@ class Estimator:
         self.distribution_config, self.world_size, degrees = check_cluster(
             distribution, self.target, instance_count, self.entry_point)
         self.distribution = inline_parameters(distribution, self.distribution_config)
-        self._layout_notes = (degenerate_layout_notes(self.distribution_config.smp, degrees)
-                              if degrees else [])
+        self._layout_notes = layout_notes(self.distribution_config, degrees,
+                                          self.world_size // instance_count)
         self.dependencies = check_sources(self.source_dir, dependencies)
         check_optional_strings(role=role, image_uri=image_uri, output_path=output_path,
                                checkpoint_s3_uri=checkpoint_s3_uri,

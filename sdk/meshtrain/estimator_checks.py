@@ -18,7 +18,13 @@ from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.support import check_build_support, check_cpu_offload, check_fp8_device
+from meshtrain.contract.support import (
+    check_build_support,
+    check_cpu_offload,
+    check_fp8_device,
+    degenerate_layout_notes,
+)
+from meshtrain.estimator_values import shown, whitespace_hint
 from meshtrain.targets import (
     TARGET_KINDS,
     Target,
@@ -56,16 +62,17 @@ def check_cluster(
     """Validate the distribution against the cluster: (config, world size, resolved degrees)."""
     if isinstance(instance_count, bool) or not isinstance(instance_count, int) or (
             instance_count < 1):
-        raise ConfigError(f"instance_count must be a positive int, got {instance_count!r}.")
+        raise ConfigError(f"instance_count must be a positive int, got {shown(instance_count)}.")
     max_hosts = target.kind.max_hosts
     if max_hosts is not None and instance_count > max_hosts:
         raise ConfigError(f"instance_type={target.instance_type!r} runs {max_hosts} host(s): set "
                           f"instance_count={max_hosts} (got {instance_count}), or use 'local' "
                           "for several hosts on this machine.")
     config = DistributionConfig.from_dict(distribution)
+    _check_processes_need_torchrun(config)
     if config.torch_distributed.enabled and not entry_point.endswith(".py"):
         raise ConfigError("torch_distributed runs Python programs only: entry_point must be a "
-                          f"*.py file, got {entry_point!r}.")
+                          f"*.py file, got {shown(entry_point)}.")
     per_host = config.processes_per_host(target.gpus_per_host)
     if target.on_this_machine:
         _check_local_ranks(instance_count, per_host)
@@ -83,14 +90,47 @@ def check_cluster(
     return config, world, degrees
 
 
+def _check_processes_need_torchrun(config: DistributionConfig) -> None:
+    """processes_per_host is torchrun's count: refused without it rather than silently ignored."""
+    given = config.torch_distributed.processes_per_host
+    if given is not None and not config.torch_distributed.enabled:
+        raise ConfigError(
+            f"torch_distributed.processes_per_host={given} is set, but torch_distributed is not "
+            "enabled: without torchrun the entry point runs once per host (as on SageMaker), so "
+            f"the {given} processes would never start. To run {given} per host, set "
+            f"distribution={{'torch_distributed': {{'enabled': True, 'processes_per_host': "
+            f"{given}}}}}; for one plain process per host, remove processes_per_host.")
+
+
+def layout_notes(config: DistributionConfig, degrees: ResolvedDegrees | None,
+                 ranks_per_host: int) -> list[str]:
+    """Warnings (said once per fit(), not refused) about a layout that runs but runs badly."""
+    if degrees is None:
+        return []
+    notes = degenerate_layout_notes(config.smp, degrees)
+    tp = degrees.tensor_parallel_degree
+    if tp > 1 and ranks_per_host % tp:
+        spans = (f"every tensor-parallel group of {tp} ranks spans {tp // ranks_per_host} hosts"
+                 if tp % ranks_per_host == 0 else
+                 f"tensor-parallel groups of {tp} consecutive ranks straddle hosts")
+        notes.append(
+            f"tensor_parallel_degree={tp} spans hosts: each host runs {ranks_per_host} "
+            f"processes, so {spans}, and every layer's all-reduces and all-gathers cross the "
+            "network between hosts instead of the links within one (usually several times "
+            f"slower). Keep tensor_parallel_degree a divisor of {ranks_per_host} and scale "
+            "across hosts with hybrid_shard_degree or data parallelism.")
+    return notes
+
+
 def check_runtime_limits(max_run: Any, max_wait: Any, use_spot: bool) -> None:
     if isinstance(max_run, bool) or not isinstance(max_run, int) or max_run < 1:
-        raise ConfigError(f"max_run must be a positive number of seconds, got {max_run!r}.")
+        raise ConfigError(f"max_run must be a positive number of seconds, got {shown(max_run)}.")
     if use_spot and max_wait is None:
         raise ConfigError("use_spot_instances=True needs max_wait (seconds, >= max_run).")
     if max_wait is not None and (isinstance(max_wait, bool) or not isinstance(max_wait, int)
                                  or max_wait < max_run):
-        raise ConfigError(f"max_wait={max_wait!r} must be an int >= max_run={max_run} seconds.")
+        raise ConfigError(f"max_wait={shown(max_wait)} must be an int >= max_run={max_run} "
+                          "seconds.")
 
 
 def _input_uri(channel: str, value: Any) -> tuple[str, str | None]:
@@ -101,14 +141,16 @@ def _input_uri(channel: str, value: Any) -> tuple[str, str | None]:
         return str(value["uri"]), content_type
     if isinstance(value, str | Path):
         return str(value), None
-    raise ConfigError(f"input channel {channel!r}: expected a path or URI string, got {value!r}.")
+    raise ConfigError(f"input channel {channel!r}: expected a path or URI string, got "
+                      f"{shown(value)}.")
 
 
 def check_channel_name(channel: Any) -> str:
     """1-64 letters, digits, '.', '-', '_' (SageMaker's pattern), not '.' or '..' (a directory)."""
-    if not isinstance(channel, str) or not CHANNEL_PATTERN.match(channel) or channel in (
+    if not isinstance(channel, str) or not CHANNEL_PATTERN.fullmatch(channel) or channel in (
             ".", ".."):
-        raise ConfigError(f"input channel name {channel!r} is invalid: 1-64 characters of "
+        raise ConfigError(f"input channel name {shown(channel)} is invalid"
+                          f"{whitespace_hint(channel)}: 1-64 characters of "
                           "letters, digits, '.', '-' or '_', and not '.' or '..' (each channel "
                           "is a directory /opt/ml/input/data/<name>). Example: 'train'.")
     return channel
@@ -138,7 +180,8 @@ def check_inputs(
             continue
         uri, content_type = _input_uri(channel, value)
         if not uri or any(c in uri for c in "\n\r\x00"):
-            raise ConfigError(f"input channel {channel!r}: {uri!r} is not a usable path or URI.")
+            raise ConfigError(f"input channel {channel!r}: {shown(uri)} is not a usable path or "
+                              "URI.")
         if not uri.startswith(URI_SCHEMES):
             uri = f"file://{Path(uri).expanduser().resolve()}"
         channels[channel] = uri
@@ -161,10 +204,10 @@ def check_writable_path(name: str, value: str | None) -> None:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{name}={value!r}: {probe} exists and is not a directory. "
+        raise ConfigError(f"{name}={shown(value)}: {probe} exists and is not a directory. "
                           "Choose a directory path.")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name}={value!r}: {probe} is not writable by this user, so the "
+        raise ConfigError(f"{name}={shown(value)}: {probe} is not writable by this user, so the "
                           "job could not save its results there. Choose a writable directory.")
 
 
@@ -176,7 +219,7 @@ def check_backend_options(
     every_option = known_options()
     for name in sorted(set(options) - every_option):
         hint = did_you_mean(name, own) or did_you_mean(name, every_option)
-        raise ConfigError(f"Estimator got an unexpected keyword argument {name!r}.{hint} "
+        raise ConfigError(f"Estimator got an unexpected keyword argument {shown(name)}.{hint} "
                           f"Its arguments: {', '.join(own)}; backend options: "
                           f"{options_text()}.")
     options = _drop_sagemaker_options_locally(target, options)
@@ -193,7 +236,7 @@ def check_backend_options(
     if jobs_dir is not None:
         if not isinstance(jobs_dir, str | os.PathLike) or not str(jobs_dir) or "\x00" in str(
                 jobs_dir):
-            raise ConfigError(f"jobs_dir must be a directory path, got {jobs_dir!r}.")
+            raise ConfigError(f"jobs_dir must be a directory path, got {shown(jobs_dir)}.")
         check_writable_path("jobs_dir", str(jobs_dir))
     return dict(options)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.archive import EXCLUDED_DIRS, EXCLUDED_SUFFIXES
 from meshtrain.contract.errors import ConfigError
+from meshtrain.estimator_values import shown
 
 MAX_SOURCE_BYTES = 256 * 1024 * 1024
 """What source_dir (plus dependencies) may hold: code, not data. Data goes in fit() channels."""
@@ -37,7 +38,7 @@ def _no_such_entry_point(entry_point: str, root: Path, where: str) -> ConfigErro
         Path(entry_point).name, [Path(c).name for c in candidates])
     scripts = sorted(c for c in candidates if c.endswith((".py", ".sh")))[:8]
     listing = f" Scripts there: {', '.join(scripts)}." if scripts and not hint else ""
-    return ConfigError(f"entry_point={entry_point!r} is not a file in {where} {root}.{hint}"
+    return ConfigError(f"entry_point={shown(entry_point)} is not a file in {where} {root}.{hint}"
                        f"{listing}")
 
 
@@ -47,11 +48,11 @@ def check_entry_point(entry_point: object, source_dir: object) -> tuple[str, str
         raise ConfigError("entry_point must be the path of a training script, e.g. 'train.py'.")
     if source_dir is not None and (not isinstance(source_dir, str | os.PathLike)
                                    or "\x00" in str(source_dir) or not str(source_dir)):
-        raise ConfigError(f"source_dir must be a directory path or None, got {source_dir!r}.")
+        raise ConfigError(f"source_dir must be a directory path or None, got {shown(source_dir)}.")
     if isinstance(source_dir, str) and source_dir.startswith("s3://"):
         # The code is already in S3 (SageMaker jobs only, as Estimator.attach rebuilds them).
         if Path(entry_point).is_absolute() or ".." in Path(entry_point).parts:
-            raise ConfigError(f"entry_point={entry_point!r} must be a path inside the "
+            raise ConfigError(f"entry_point={shown(entry_point)} must be a path inside the "
                               f"source tarball {source_dir}, e.g. 'train.py'.")
         return source_dir, Path(entry_point).as_posix()
     if source_dir is None:
@@ -61,9 +62,9 @@ def check_entry_point(entry_point: object, source_dir: object) -> tuple[str, str
         return str(script), script.name
     source = Path(source_dir).resolve()
     if not source.is_dir():
-        raise ConfigError(f"source_dir={str(source_dir)!r} is not a directory.")
+        raise ConfigError(f"source_dir={shown(str(source_dir))} is not a directory.")
     if Path(entry_point).is_absolute() or ".." in Path(entry_point).parts:
-        raise ConfigError(f"entry_point={entry_point!r} must be a path inside source_dir "
+        raise ConfigError(f"entry_point={shown(entry_point)} must be a path inside source_dir "
                           f"({source}), e.g. 'train.py'.")
     if not (source / entry_point).is_file():
         raise _no_such_entry_point(entry_point, source, "source_dir")
@@ -84,7 +85,7 @@ def _check_entry(path: Path, root: Path, what: str) -> int:
     if stat.S_ISLNK(info.st_mode):
         target = Path(os.path.realpath(path))
         if not target.exists():
-            raise ConfigError(f"{what}: {path} is a link to {os.readlink(path)!r}, which does "
+            raise ConfigError(f"{what}: {path} is a link to {shown(os.readlink(path))}, which does "
                               "not exist. Remove the link.")
         if root.is_dir() and not target.is_relative_to(root):
             raise ConfigError(f"{what}: {path} links to {target}, outside {root}; the job would "
@@ -132,12 +133,12 @@ def check_sources(source: str, dependencies: object) -> list[str]:
     if dependencies is None:
         dependencies = []
     if isinstance(dependencies, str) or not isinstance(dependencies, list | tuple):
-        raise ConfigError(f"dependencies must be a list of paths, got {dependencies!r}.")
+        raise ConfigError(f"dependencies must be a list of paths, got {shown(dependencies)}.")
     resolved = []
     for dependency in dependencies:
         if not isinstance(dependency, str | os.PathLike) or "\x00" in str(dependency) or not (
                 str(dependency)):
-            raise ConfigError(f"dependencies: {dependency!r} is not a path.")
+            raise ConfigError(f"dependencies: {shown(dependency)} is not a path.")
         path = Path(dependency).resolve()
         if not path.exists():
             raise ConfigError(f"dependencies: {dependency} does not exist.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,34 @@ MAX_ENVIRONMENT_BYTES = MAX_ARG_STRLEN
 INPUT_MODES = ("File", "Pipe", "FastFile")
 RESERVED_PREFIX = hp.FRAMEWORK_PREFIX
 MP_PARAMETERS = hp.MP_PARAMETERS
+URI_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+STORAGE_ARGUMENTS = ("output_path", "checkpoint_s3_uri", "checkpoint_local_path")
+STORAGE_SCHEMES = ("s3", "file", "pvc")
+"""The URI schemes some backend stores outputs and checkpoints at (anything else is refused)."""
+SHOWN_CHARACTERS = 300
+"""The most of a value's repr a message quotes: a 1.4-million-character repr of a bad value
+would bury the fix (and a terminal) under the value."""
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 120
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 8
+_REPR.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """repr(value) for a message, capped at SHOWN_CHARACTERS (long strings and containers cut in
+    the middle by reprlib, any other long repr at the end), with how long the full repr was."""
+    text = repr(value) if isinstance(value, str) and len(value) <= 120 else _REPR.repr(value)
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS]}... (cut to {SHOWN_CHARACTERS} characters)"
+
+
+def whitespace_hint(name: Any) -> str:
+    """A hint for a name with whitespace around it (a trailing newline from a file or input())."""
+    if not isinstance(name, str) or name == name.strip() or not name.strip():
+        return ""
+    return (" (whitespace around it, such as a trailing newline: did you mean "
+            f"{shown(name.strip())}?)")
 
 
 def _walk_value(name: str, value: Any) -> None:
@@ -47,7 +76,7 @@ def _walk_value(name: str, value: Any) -> None:
             raise ConfigError(f"{where} nests lists/dicts deeper than {MAX_NESTING} levels. "
                               "Flatten it, or put the structure in a JSON file in source_dir.")
         if isinstance(item, float) and not math.isfinite(item):
-            raise ConfigError(f"{where}={item!r} is not a finite number: JSON has no NaN or "
+            raise ConfigError(f"{where}={shown(item)} is not a finite number: JSON has no NaN or "
                               "infinity. Pass a finite number, or a string such as 'inf' that "
                               "the script parses.")
         if isinstance(item, str) and "\x00" in item:
@@ -56,13 +85,14 @@ def _walk_value(name: str, value: Any) -> None:
         if isinstance(item, Mapping):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    raise ConfigError(f"{where} has the key {key!r}: JSON object keys must be "
+                    raise ConfigError(f"{where} has the key {shown(key)}: JSON object keys must be "
                                       "strings.")
-                stack.append((child, depth + 1, f"{where}[{key!r}]"))
+                stack.append((child, depth + 1, f"{where}[{shown(key)}]"))
         elif isinstance(item, list | tuple):
             stack.extend((child, depth + 1, f"{where}[{i}]") for i, child in enumerate(item))
         elif item is not None and not isinstance(item, bool | int | float | str):
-            raise ConfigError(f"{where}={item!r} is not JSON-serialisable ({type(item).__name__}); "
+            raise ConfigError(f"{where}={shown(item)} is not JSON-serialisable "
+                              f"({type(item).__name__}); "
                               "use strings, numbers, bools, None, lists or dicts.")
 
 
@@ -72,12 +102,13 @@ def check_hyperparameters(hyperparameters: Any) -> dict[str, Any]:
         raise ConfigError(f"hyperparameters must be a dict, got {type(hyperparameters).__name__}.")
     for key, value in hyperparameters.items():
         if not isinstance(key, str) or not key:
-            raise ConfigError(f"hyperparameter names must be non-empty strings, got {key!r}.")
-        if not HYPERPARAMETER_NAME.match(key):
+            raise ConfigError(f"hyperparameter names must be non-empty strings, got {shown(key)}.")
+        if not HYPERPARAMETER_NAME.fullmatch(key):
             raise ConfigError(
-                f"hyperparameter name {key!r} is invalid: the script receives it as '--{key}' "
-                "and as the variable SM_HP_<NAME>, so use 1-256 letters, digits, '_', '.' or '-', "
-                f"starting with a letter, digit or '_' (pattern {HYPERPARAMETER_NAME.pattern}).")
+                f"hyperparameter name {shown(key)} is invalid{whitespace_hint(key)}: the script "
+                "receives it as '--<name>' and as the variable SM_HP_<NAME>, so use 1-256 "
+                "letters, digits, '_', '.' or '-', starting with a letter, digit or '_' (pattern "
+                f"{HYPERPARAMETER_NAME.pattern}).")
         _walk_value(f"hyperparameters[{key!r}]", value)
     size = len(json.dumps(dict(hyperparameters)).encode())
     if size > MAX_HYPERPARAMETER_BYTES:
@@ -108,25 +139,26 @@ def check_reserved_hyperparameters(
             continue
         if key in encoded and encoded[key] == value:
             continue
-        what = (f"the distribution encodes {encoded[key]!r}" if key in encoded
+        what = (f"the distribution encodes {shown(encoded[key])}" if key in encoded
                 else "the distribution does not set it")
         source = ("set SMP parameters in distribution['smdistributed']['modelparallel']"
                   "['parameters']" if key == MP_PARAMETERS else
                   "set processes_per_host / enabled in distribution['torch_distributed']")
         raise ConfigError(
             f"hyperparameters[{key!r}] is reserved for what meshtrain sends to the hosts "
-            f"({what}; got {value!r}). Remove it: {source}, or rename your hyperparameter.")
+            f"({what}; got {shown(value)}). Remove it: {source}, or rename your hyperparameter.")
 
 
 def check_environment(environment: Any) -> dict[str, str]:
     if not isinstance(environment, Mapping):
         raise ConfigError("environment must be a dict of str -> str.")
     for key, value in environment.items():
-        if not isinstance(key, str) or not ENV_KEY_PATTERN.match(key):
-            raise ConfigError(f"environment variable name {key!r} is invalid: use letters, "
-                              "digits and '_', not starting with a digit (at most 512).")
+        if not isinstance(key, str) or not ENV_KEY_PATTERN.fullmatch(key):
+            raise ConfigError(f"environment variable name {shown(key)} is invalid"
+                              f"{whitespace_hint(key)}: use letters, digits and '_', not "
+                              "starting with a digit (at most 512).")
         if not isinstance(value, str):
-            raise ConfigError(f"environment[{key!r}] must be a string, got {value!r}.")
+            raise ConfigError(f"environment[{key!r}] must be a string, got {shown(value)}.")
         if "\x00" in value:
             raise ConfigError(f"environment[{key!r}] contains a NUL character, which an "
                               "environment variable cannot hold. Remove it.")
@@ -146,13 +178,14 @@ def _check_string_list(name: str, value: Any, keys: tuple[str, ...],
     for i, item in enumerate(value):
         shape = "{" + ", ".join(f"'{k}': <{lo}-{hi} chars>" for k, (lo, hi) in limits.items()) + "}"
         if not isinstance(item, Mapping) or set(item) != set(keys):
-            raise ConfigError(f"{name}[{i}]={item!r} must be {shape}.")
+            raise ConfigError(f"{name}[{i}]={shown(item)} must be {shape}.")
         for key in keys:
             text, (low, high) = item[key], limits[key]
             if not isinstance(text, str) or not low <= len(text) <= high or any(
                     c in text for c in "\n\r\x00"):
-                raise ConfigError(f"{name}[{i}][{key!r}]={text!r} must be a one-line string of "
-                                  f"{low}-{high} characters: {name} entries must be {shape}.")
+                raise ConfigError(f"{name}[{i}][{key!r}]={shown(text)} must be a one-line "
+                                  f"string of {low}-{high} characters: {name} entries must be "
+                                  f"{shape}.")
         checked.append(dict(item))
     return checked
 
@@ -172,9 +205,9 @@ def check_metric_definitions(metrics: Any) -> list[dict[str, str]]:
             groups = re.compile(metric["Regex"]).groups
         except re.error as error:
             raise ConfigError(f"metric_definitions[{i}] (metric {metric['Name']!r}): Regex is not "
-                              f"valid ({error}): {metric['Regex']!r}.") from None
+                              f"valid ({error}): {shown(metric['Regex'])}.") from None
         if groups < 1:
-            raise ConfigError(f"metric_definitions[{i}]['Regex']={metric['Regex']!r} needs a "
+            raise ConfigError(f"metric_definitions[{i}]['Regex']={shown(metric['Regex'])} needs a "
                               "capture group around the value, e.g. 'loss=([0-9.]+)'.")
     return checked
 
@@ -185,16 +218,17 @@ def check_scalars(*, volume_size: Any, input_mode: Any, container_log_level: Any
     if isinstance(volume_size, bool) or not isinstance(volume_size, int) or not (
             0 <= volume_size <= 16384):
         raise ConfigError(f"volume_size must be an int from 0 to 16384 (GB), got "
-                          f"{volume_size!r}.")
+                          f"{shown(volume_size)}.")
     if input_mode not in INPUT_MODES:
-        raise ConfigError(f"input_mode={input_mode!r} must be one of {', '.join(INPUT_MODES)}.")
+        raise ConfigError(f"input_mode={shown(input_mode)} must be one of "
+                          f"{', '.join(INPUT_MODES)}.")
     if isinstance(container_log_level, bool) or not isinstance(container_log_level, int) or not (
             0 <= container_log_level <= 50):
-        raise ConfigError(f"container_log_level={container_log_level!r} must be a logging level "
-                          "from 0 to 50, e.g. logging.INFO (20).")
+        raise ConfigError(f"container_log_level={shown(container_log_level)} must be a logging "
+                          "level from 0 to 50, e.g. logging.INFO (20).")
     for name, value in (("preflight", preflight), ("use_spot_instances", use_spot_instances)):
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be True or False, got {value!r}.")
+            raise ConfigError(f"{name} must be True or False, got {shown(value)}.")
 
 
 def check_optional_strings(**values: Any) -> None:
@@ -204,4 +238,11 @@ def check_optional_strings(**values: Any) -> None:
             continue
         if not isinstance(value, str) or not value or any(c in value for c in "\n\r\x00"):
             raise ConfigError(f"{name} must be a non-empty one-line string or None, got "
-                              f"{value!r}.")
+                              f"{shown(value)}.")
+        scheme = URI_SCHEME.match(value)
+        if name in STORAGE_ARGUMENTS and scheme and scheme.group(1) not in STORAGE_SCHEMES:
+            raise ConfigError(
+                f"{name}={shown(value)}: no backend reads or writes {scheme.group(1)}:// URIs. "
+                "Use s3://BUCKET/PREFIX (SageMaker; local jobs upload there too), pvc://CLAIM"
+                "[/PATH] (Kubernetes), or a local directory or file:// path (local and Docker "
+                "jobs).")

@@ -7,6 +7,7 @@ import secrets
 import time
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.estimator_values import shown, whitespace_hint
 
 JOB_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MAX_JOB_NAME = 63
@@ -34,10 +35,11 @@ def with_random_suffix(name: str) -> str:
 
 
 def check_job_name(name: str, *, what: str = "job_name") -> str:
-    if not isinstance(name, str) or not JOB_NAME_PATTERN.match(name):
+    """`name` if SageMaker accepts it as a job name (the whole string: no trailing newline)."""
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
         raise ConfigError(
-            f"{what}={name!r} is not a valid SageMaker job name: 1-63 letters, digits and single "
-            "hyphens, starting and ending with a letter or digit (pattern "
-            f"{JOB_NAME_PATTERN.pattern}). Example: 'llama-hsdp-run-1'."
+            f"{what}={shown(name)} is not a valid SageMaker job name{whitespace_hint(name)}: "
+            "1-63 letters, digits and single hyphens, starting and ending with a letter or digit "
+            f"(pattern {JOB_NAME_PATTERN.pattern}). Example: 'llama-hsdp-run-1'."
         )
     return name

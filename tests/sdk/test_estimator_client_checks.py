@@ -173,3 +173,33 @@ def test_pydantic_errors_become_config_errors(field, value):
     assert isinstance(error, ConfigError)
     assert str(error).startswith(f"Invalid Estimator argument(s): {field}")
     assert "Pass the type shown" in str(error) and "pydantic" not in str(error)
+
+
+def test_tensor_parallelism_across_hosts_is_warned_with_the_arithmetic(source):
+    """tp 8 on 2 hosts of 4 GPUs runs, but every layer's collectives cross the network."""
+    estimator = Estimator("train.py", source_dir=str(source), instance_type="ml.g5.12xlarge",
+                          instance_count=2, role="arn:aws:iam::123456789012:role/x",
+                          image_uri="x:1", distribution=smp(ppn=None, tensor_parallel_degree=8))
+    notes = [note for note in estimator._layout_notes if "spans hosts" in note]
+    assert notes == [
+        "tensor_parallel_degree=8 spans hosts: each host runs 4 processes, so every "
+        "tensor-parallel group of 8 ranks spans 2 hosts, and every layer's all-reduces and "
+        "all-gathers cross the network between hosts instead of the links within one (usually "
+        "several times slower). Keep tensor_parallel_degree a divisor of 4 and scale across "
+        "hosts with hybrid_shard_degree or data parallelism."]
+
+
+@pytest.mark.parametrize(("hosts", "ppn", "tp", "warned"), [
+    (2, 4, 4, False), (2, 2, 2, False), (1, 8, 8, False), (2, 6, 4, True), (4, 2, 8, True)])
+def test_tensor_parallel_groups_within_a_host_are_not_warned(source, hosts, ppn, tp, warned):
+    config = SMPParameters(tensor_parallel_degree=tp)
+    from meshtrain.contract.degrees import resolve_degrees
+    from meshtrain.contract.distribution import DistributionConfig
+    from meshtrain.estimator_checks import layout_notes
+
+    distribution = DistributionConfig.from_dict(smp(ppn=ppn, tensor_parallel_degree=tp))
+    degrees = resolve_degrees(config, hosts * ppn, ranks_per_host=ppn)
+    notes = layout_notes(distribution, degrees, ppn)
+    assert any("spans hosts" in note for note in notes) == warned
+    if warned and tp % ppn:
+        assert "straddle hosts" in notes[-1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -28,6 +29,8 @@ from meshtrain.plan.plot import plot_phases  # imports matplotlib only when plot
 from meshtrain.plan.report import plan_to_dict, render_plan, short_layout
 
 _DIMENSIONS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
+_FINITE_EXAMPLES = {"num_params": "7e9", "largest_layer_params": "2.1e8", "gpu_memory": "80",
+                    "reserve_gib": "5", "dropout": "0.1", "compute_efficiency": "0.4"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -189,8 +192,18 @@ def cluster_from_args(args: argparse.Namespace) -> tuple[Cluster, Callable[[int]
     return base, build_nodes
 
 
+def check_finite(args: argparse.Namespace) -> None:
+    """Every number given must be finite: `float('nan')` and `inf` parse, but plan nothing."""
+    for name, value in sorted(vars(args).items()):
+        if isinstance(value, float) and not math.isfinite(value):
+            flag = f"--{name.replace('_', '-')}"
+            raise ConfigError(f"{flag} {value} is not a finite number: give a value such as "
+                              f"{_FINITE_EXAMPLES.get(name, '1.0')}.")
+
+
 def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]]:
     """The ranked plan for parsed arguments, and how to build a bigger cluster."""
+    check_finite(args)
     model = model_from_args(args)
     training = Training(seq_len=args.seq_len, micro_batch=args.micro_batch,
                         precision=args.precision, optimizer=args.optimizer,

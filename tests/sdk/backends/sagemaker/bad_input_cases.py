@@ -25,6 +25,11 @@ def smp(ppn: int = 2, **parameters: Any) -> dict:
             "smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}}}
 
 
+def huge_set(paths: Paths) -> set[int]:
+    """A value whose repr takes 1.3 million characters (made per test, not at import)."""
+    return set(range(200_000))
+
+
 def deep(levels: int) -> list:
     value: list = []
     for _ in range(levels):
@@ -144,6 +149,10 @@ _HYPERPARAMETERS = {
     "hp-key-space": ({"hyperparameters": {"learning rate": 1}}, {}, "is invalid"),
     "hp-key-dash": ({"hyperparameters": {"-lr": 1}}, {}, "is invalid"),
     "hp-key-tab": ({"hyperparameters": {"a\tb": 1}}, {}, "is invalid"),
+    "hp-key-trailing-newline": ({"hyperparameters": {"lr\n": 1}}, {}, "did you mean 'lr'?"),
+    "hp-key-huge": ({"hyperparameters": {"k" * 1_400_000 + "\n": 1}}, {}, "kkk...kkk"),
+    "hp-huge-repr": ({"hyperparameters": {"ids": huge_set}}, {},
+                     "{0, 1, 2, 3, 4, 5, 6, 7, ...} is not JSON-serialisable"),
     "hp-key-long": ({"hyperparameters": {"k" * 300: 1}}, {}, "is invalid"),
     "hp-key-unicode": ({"hyperparameters": {"läng": 1}}, {}, "is invalid"),
     "hp-nan": ({"hyperparameters": {"lr": float("nan")}}, {}, "not a finite number"),
@@ -212,6 +221,11 @@ _CLUSTER = {
     "ppn-float": ({"distribution": {"torch_distributed": {"enabled": True,
                                                           "processes_per_host": 1.5}}},
                   {}, "processes_per_host"),
+    "ppn-without-torchrun": ({"distribution": {"torch_distributed": {"processes_per_host": 2}}},
+                             {}, "torch_distributed is not enabled: without torchrun"),
+    "ppn-torchrun-disabled": ({"distribution": {"torch_distributed": {
+        "enabled": False, "processes_per_host": 4}}}, {}, "'enabled': True, 'processes_per_host'"
+                                                          ": 4"),
     "local-gpu-hosts": ({"instance_type": "local_gpu", "instance_count": 2}, {},
                         "instance_count=1"),
 }
@@ -262,6 +276,10 @@ _VALUES = {
     "env-list": ({"environment": ["A=1"]}, {}, "environment must be a dict"),
     "env-digit-name": ({"environment": {"1X": "a"}}, {}, "environment variable name"),
     "env-equals-name": ({"environment": {"A=B": "a"}}, {}, "environment variable name"),
+    "env-name-trailing-newline": ({"environment": {"HOME_DIR\n": "a"}}, {},
+                                  "did you mean 'HOME_DIR'?"),
+    "env-huge-value": ({"environment": {"X": lambda p: list(range(200_000))}}, {},
+                       "[0, 1, 2, 3, 4, 5, 6, 7, ...]"),
     "env-empty-name": ({"environment": {"": "a"}}, {}, "environment variable name"),
     "env-int-name": ({"environment": {1: "a"}}, {}, "environment variable name"),
     "env-int-value": ({"environment": {"X": 1}}, {}, "must be a string"),
@@ -295,6 +313,8 @@ _VALUES = {
     "base-name-space": ({"base_job_name": "my job"}, {}, "base_job_name="),
     "base-name-equals": ({"base_job_name": "a=b"}, {}, "base_job_name="),
     "base-name-newline": ({"base_job_name": "a\nb"}, {}, "base_job_name="),
+    "base-name-trailing-newline": ({"base_job_name": "llama-run\n"}, {},
+                                   "did you mean 'llama-run'?"),
     "base-name-dash": ({"base_job_name": "-x"}, {}, "base_job_name="),
     "base-name-long": ({"base_job_name": "x" * 70}, {}, "base_job_name="),
     "base-name-int": ({"base_job_name": 5}, {}, "base_job_name="),
@@ -328,6 +348,10 @@ _PATHS = {
                           "is not a directory"),
     "output-is-file": ({"output_path": lambda p: str(p.a_file)}, {}, "is not a directory"),
     "output-unwritable": ({"output_path": "/proc/1/out"}, {}, "not writable"),
+    "output-ftp": ({"output_path": "ftp://files.example.com/out"}, {},
+                   "no backend reads or writes ftp:// URIs"),
+    "checkpoint-ftp": ({"checkpoint_s3_uri": "ftp://files.example.com/ckpt"}, {},
+                       "no backend reads or writes ftp:// URIs"),
     # local jobs upload to / download from S3 (s3_staging.py): the URIs are still checked first
     "output-s3-local": ({"output_path": "s3://b/out"}, {}, "not a valid S3 bucket name"),
     "checkpoint-under-file": ({"checkpoint_local_path": lambda p: str(p.a_file / "c")}, {},
@@ -363,6 +387,7 @@ _FIT = {
     "channel-long": ({}, {"inputs": {"c" * 65: data}}, "is invalid"),
     "channel-int": ({}, {"inputs": {5: data}}, "is invalid"),
     "channel-newline": ({}, {"inputs": {"a\nb": data}}, "is invalid"),
+    "channel-trailing-newline": ({}, {"inputs": {"train\n": data}}, "did you mean 'train'?"),
     "channel-case-collision": ({}, {"inputs": {"train": data, "TRAIN": data}}, "both become"),
     "channel-value-int": ({}, {"inputs": {"train": 5}}, "expected a path or URI"),
     "channel-uri-int": ({}, {"inputs": {"train": {"uri": 5}}}, "expected a path or URI"),
@@ -375,6 +400,7 @@ _FIT = {
     "job-name-space": ({}, {"job_name": "my job"}, "not a valid SageMaker job name"),
     "job-name-equals": ({}, {"job_name": "a=b"}, "not a valid SageMaker job name"),
     "job-name-newline": ({}, {"job_name": "a\nb"}, "not a valid SageMaker job name"),
+    "job-name-trailing-newline": ({}, {"job_name": "run-1\n"}, "did you mean 'run-1'?"),
     "job-name-long": ({}, {"job_name": "a" * 64}, "not a valid SageMaker job name"),
     "job-name-empty": ({}, {"job_name": ""}, "not a valid SageMaker job name"),
     "job-name-int": ({}, {"job_name": 5}, "not a valid SageMaker job name"),
@@ -392,6 +418,18 @@ ML_CASES = {
     "ml-hp-deep": ({"hyperparameters": {"d": deep(10_000)}}, {}, "deeper than 32"),
     "ml-hp-reserved": ({"hyperparameters": {"mp_parameters": {}}}, {}, "reserved"),
     "ml-hp-key-equals": ({"hyperparameters": {"a=b": 1}}, {}, "is invalid"),
+    "ml-hp-key-newline": ({"hyperparameters": {"lr\n": 1}}, {}, "did you mean 'lr'?"),
+    "ml-hp-huge-repr": ({"hyperparameters": {"ids": huge_set}}, {},
+                        "is not JSON-serialisable"),
+    "ml-env-name-newline": ({"environment": {"X\n": "1"}}, {}, "did you mean 'X'?"),
+    "ml-job-name-newline": ({}, {"job_name": "valid-name\n"}, "did you mean 'valid-name'?"),
+    "ml-base-name-newline": ({"base_job_name": "nightly\n"}, {"job_name": None},
+                             "did you mean 'nightly'?"),
+    "ml-channel-newline": ({}, {"inputs": {"train\n": "s3://bucket/data"}},
+                           "did you mean 'train'?"),
+    "ml-output-ftp": ({"output_path": "ftp://files.example.com/out"}, {}, "ftp:// URIs"),
+    "ml-ppn-no-torchrun": ({"distribution": {"torch_distributed": {"processes_per_host": 8}}},
+                           {}, "torch_distributed is not enabled"),
     "ml-source-link": ({"source_dir": variant("escaping-link")}, {}, "outside"),
     "ml-source-fifo": ({"source_dir": variant("fifo")}, {}, "is a FIFO"),
     "ml-source-huge": ({"source_dir": variant("huge")}, {}, "Biggest: "),
@@ -466,6 +504,11 @@ CLI_CASES = {
     "cli-input-twice": ["run", "{src}/train.py", "--input", "a={data}", "--input", "a={data}"],
     "cli-job-name-space": ["run", "{src}/train.py", "--job-name", "a b"],
     "cli-job-name-newline": ["run", "{src}/train.py", "--job-name", "a\nb"],
+    "cli-job-name-trailing-newline": ["run", "{src}/train.py", "--job-name", "run-1\n"],
+    "cli-plan-nan": ["plan", "--num-params", "nan"],
+    "cli-plan-inf": ["plan", "--num-params", "inf", "--gpus", "8"],
+    "cli-plan-gpu-memory-nan": ["plan", "--num-params", "7e9", "--gpus", "8", "--gpu-memory",
+                                "nan"],
     "cli-entry-missing": ["run", "/no/such.py"],
     "cli-entry-typo": ["run", "trian.py", "--source-dir", "{src}"],
     "cli-source-missing": ["run", "train.py", "--source-dir", "/no/such"],

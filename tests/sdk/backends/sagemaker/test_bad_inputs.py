@@ -54,6 +54,8 @@ def _estimator(paths: Paths, arguments: dict, base: dict) -> Estimator:
 
 
 LOCAL_BASE = {"entry_point": "train.py"}
+MAX_MESSAGE = 2000
+"""No refusal quotes a value at length (a 1.3-million-character repr once made the message)."""
 
 
 @pytest.mark.parametrize("case", sorted(LOCAL_CASES))
@@ -64,6 +66,7 @@ def test_local_bad_input(aws, paths, case):
         base = {**LOCAL_BASE, "source_dir": str(paths.src)}
         _estimator(paths, arguments, base).fit(**make(paths, fit_arguments))
     assert message in str(error.value)
+    assert len(str(error.value)) < MAX_MESSAGE
     _nothing_exists(paths, aws, before)
 
 
@@ -76,6 +79,7 @@ def test_sagemaker_bad_input(aws, paths, case):
         _estimator(paths, arguments, base).fit(
             **{"job_name": "valid-name", "wait": False, **make(paths, fit_arguments)})
     assert message in str(error.value)
+    assert len(str(error.value)) < MAX_MESSAGE
     _nothing_exists(paths, aws, before)
 
 
