@@ -17,15 +17,16 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import sys
 from types import ModuleType
 
+from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.hyperparameters import decode_mp_parameters
+
 ALIAS = "torch.sagemaker"
 TARGET = "meshtrain_runtime.compat.smp"
 ALIAS_PARAMETER = "torch_sagemaker_alias"
-_MP_PARAMETERS_ENV = "SM_HP_MP_PARAMETERS"
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -108,14 +109,11 @@ def alias_wanted(environ: dict[str, str] | os._Environ | None = None) -> bool:
     SMP is enabled when ``SM_HP_MP_PARAMETERS`` holds a non-empty JSON object (the training
     toolkit's rule); the meshtrain parameter ``torch_sagemaker_alias: false`` turns it off.
     """
-    raw = (os.environ if environ is None else environ).get(_MP_PARAMETERS_ENV, "")
     try:
-        value = json.loads(raw) if raw else {}
-        if isinstance(value, str):
-            value = json.loads(value)
-    except ValueError:
-        return False  # tsm.init / meshtrain_runtime.init report the bad JSON with a fix
-    return isinstance(value, dict) and bool(value) and value.get(ALIAS_PARAMETER, True) is not False
+        value = decode_mp_parameters(os.environ if environ is None else environ)
+    except ConfigError:
+        return False  # tsm.init / meshtrain_runtime.init report the bad value with its fix
+    return bool(value) and value.get(ALIAS_PARAMETER, True) is not False
 
 
 def install_for_rank() -> None:

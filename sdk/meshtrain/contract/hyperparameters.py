@@ -6,6 +6,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from meshtrain.contract.env import SM_HP_MP_PARAMETERS
+from meshtrain.contract.errors import ConfigError
+
 if TYPE_CHECKING:
     from meshtrain.contract.distribution import DistributionConfig
 
@@ -128,3 +131,24 @@ def env_value(value: Any) -> str:
 def env_name(prefix: str, key: str) -> str:
     """`SM_HP_<KEY>` / `SM_CHANNEL_<NAME>`: upper-cased, as the toolkit does."""
     return prefix + key.upper()
+
+
+def decode_mp_parameters(environ: Mapping[str, str]) -> dict[str, Any]:
+    """SMP's parameters as a host process receives them: the ``mp_parameters`` hyperparameter in
+    ``SM_HP_MP_PARAMETERS`` (`env_value`'s JSON; once more JSON-encoded when it was sent as a
+    string). ``{}`` when unset or empty; a ConfigError with the fix for anything else."""
+    raw = environ.get(SM_HP_MP_PARAMETERS)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+        if isinstance(value, str):  # a hyperparameter JSON-encoded once more
+            value = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"{SM_HP_MP_PARAMETERS} is not valid JSON ({error}): {raw[:200]!r}. It should hold "
+            "the SMP parameters dict, e.g. '{\"hybrid_shard_degree\": 2}'."
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{SM_HP_MP_PARAMETERS} must hold a JSON object, got {raw[:200]!r}.")
+    return value
