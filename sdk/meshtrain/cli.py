@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
 from meshtrain.contract.errors import ConfigError, JobFailedError
+from meshtrain.contract.hyperparameters import decode_hyperparameters
 from meshtrain.pipes import drop_output_to_closed_pipes, send_closed_pipes_to_devnull
 from meshtrain.plan.cli import register as register_plan
 
@@ -28,6 +29,30 @@ def _json_arg(text: str) -> dict:
     return value
 
 
+def _hyperparameter_arg(text: str) -> dict:
+    """KEY=VALUE, the value read as the host reads a hyperparameter (JSON, else the text), or a
+    JSON object of several."""
+    if text.lstrip().startswith("{"):
+        return _json_arg(text)
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE (e.g. steps=3 lr=0.1) or a JSON object, got {text!r}; the entry "
+            "point goes before --hyperparameters")
+    return decode_hyperparameters({key: value})
+
+
+def _merged_hyperparameters(given: list[dict]) -> dict:
+    merged: dict = {}
+    for part in given:
+        for key, value in part.items():
+            if key in merged and merged[key] != value:
+                raise ConfigError(f"--hyperparameters gives {key!r} twice ({merged[key]!r} and "
+                                  f"{value!r}); give it once.")
+            merged[key] = value
+    return merged
+
+
 def _channel_arg(text: str) -> tuple[str, str]:
     channel, sep, path = text.partition("=")
     if not sep or not channel or not path:
@@ -42,7 +67,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--instance-type", default="local")
     run.add_argument("--instance-count", type=int, default=1)
     run.add_argument("--distribution", type=_json_arg, help="the distribution dict as JSON")
-    run.add_argument("--hyperparameters", type=_json_arg, default={})
+    run.add_argument("--hyperparameters", type=_hyperparameter_arg, nargs="+", action="extend",
+                     default=[], metavar="KEY=VALUE",
+                     help="the script's hyperparameters: KEY=VALUE ... (each VALUE read as JSON "
+                          "where it parses, as the host does: steps=3 is the int 3, lr=0.1 a "
+                          "float, name=llama the string) or one JSON object")
     run.add_argument("--input", action="append", default=[], metavar="CHANNEL=PATH",
                      type=_channel_arg)
     run.add_argument("--job-name")
@@ -62,8 +91,8 @@ def _run(args: argparse.Namespace) -> int:
     options = {"jobs_dir": args.jobs_dir} if args.jobs_dir else {}
     estimator = Estimator(entry_point=args.entry_point, source_dir=args.source_dir,
                           instance_type=args.instance_type, instance_count=args.instance_count,
-                          distribution=args.distribution, hyperparameters=args.hyperparameters,
-                          **options)
+                          distribution=args.distribution,
+                          hyperparameters=_merged_hyperparameters(args.hyperparameters), **options)
     job = estimator.fit(inputs=dict(args.input) or None, wait=not args.no_wait,
                         job_name=args.job_name)
     if args.no_wait:  # nothing has run yet: no model data to announce
