@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from ci_guards import expected_skip, floor_problems
+from ci_guards import expected_skip, floor_problems, import_or_skip
 
 pytest_plugins = ["pytester"]
 
@@ -245,3 +245,20 @@ def test_the_repository_floors_cover_readmes_two_selections() -> None:
     assert set(selections) == {"not serial", "serial"}
     assert {"multiprocess", "e2e", "docker"} <= set(selections["not serial"])
     assert selections["serial"]["serial"] > 0
+
+
+def test_a_broken_import_is_an_error_and_a_missing_one_fails_only_under_ci(tmp_path, monkeypatch):
+    """import_or_skip (used for torchao and transformers): a package that is there but whose own
+    import fails raises; one that is not installed skips, or fails under CI=true."""
+    package = tmp_path / "ci28_broken_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("import ci28_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="ci28_missing_dependency"):
+        import_or_skip("ci28_broken_package")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="ci28_not_installed is not installed"):
+        import_or_skip("ci28_not_installed")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true: a missing component fails"):
+        import_or_skip("ci28_not_installed")
