@@ -1,11 +1,12 @@
 """``init()`` and ``state``: ranks, sizes, the named DeviceMesh and process groups of this job.
 
 ``init`` resolves the SMP degrees against the real world size and has ``meshtrain_runtime.mesh``
-build the job's one world mesh; the state holds it and its views: ``mesh`` (dense layers,
-``replicate x shard x tp``, outermost first, sizes may be 1, tensor-parallel ranks contiguous)
-and, with expert parallelism, ``expert_mesh`` (``replicate x shard_mod_ep x ep``: the EP group is
-carved out of each sharding group, innermost, torchtitan's layout). Axis names are
-``meshtrain.contract.mesh_axes.MeshAxis``; rank coordinates are read from the meshes.
+build the job's one world mesh (``pp x replicate x shard x tp``, outermost first, sizes may be
+1); the state holds it and its views: ``mesh`` (this stage's dense layers, ``replicate x shard x
+tp``, tensor-parallel ranks contiguous), the context-parallel group (carved out of the sharding
+group, innermost) and, with expert parallelism, ``expert_mesh`` (``replicate x shard_mod_ep x
+ep``, torchtitan's layout). Axis names are ``meshtrain.contract.mesh_axes.MeshAxis``; rank
+coordinates are read from the meshes; ``dp_size = world / (pp x tp x cp)``.
 
 This module doubles as the state object: ``meshtrain_runtime.state.rank`` reads the current
 ``RuntimeState`` through a module ``__getattr__`` (the package attribute ``state`` is this module,
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -30,8 +30,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshtrain.contract import ResolvedDegrees, SMPParameters, parse_smp_parameters
 from meshtrain.contract import resolve_degrees as resolve_contract_degrees
 from meshtrain.contract.distribution import read_parameters_file
-from meshtrain.contract.env import SM_HOST_COUNT, SM_HP_MP_PARAMETERS
+from meshtrain.contract.env import SM_HOST_COUNT
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.hyperparameters import decode_mp_parameters
 from meshtrain.contract.mesh_axes import DENSE_AXES, EXPERT_AXES, MeshAxis, axis_names
 from meshtrain_runtime.mesh import Meshes, build_meshes
 
@@ -55,6 +56,8 @@ class RuntimeState:
     meshes: Meshes
     world_process_group: dist.ProcessGroup
     tp_process_group: dist.ProcessGroup
+    cp_process_group: dist.ProcessGroup
+    pp_process_group: dist.ProcessGroup
     ep_process_group: dist.ProcessGroup | None
     rep_rank_process_group: dist.ProcessGroup
     owns_process_group: bool
@@ -87,6 +90,12 @@ class RuntimeState:
     cp_size = context_parallel_degree
 
     @property
+    def pipeline_parallel_degree(self) -> int:
+        return self.degrees.pipeline_parallel_degree
+
+    pp_size = pipeline_parallel_degree
+
+    @property
     def sharding_strategy(self) -> str:
         return self.degrees.sharding_strategy
 
@@ -115,7 +124,12 @@ class RuntimeState:
         """1-D flattened ``replicate x shard``: ranks that see different batches (without CP)."""
         return self.meshes.dp
 
-    # --- coordinates: rank = (replicate * shard + shard_index) * tp + tp_rank ---
+    # --- coordinates: rank = ((pp_rank * replicate + r) * shard + shard_index) * tp + tp_rank ---
+    @property
+    def pp_rank(self) -> int:
+        """Which pipeline stage (the outermost axis)."""
+        return self.meshes.coordinate(MeshAxis.PP)
+
     @property
     def tp_rank(self) -> int:
         return self.meshes.coordinate(MeshAxis.TP)
@@ -136,16 +150,18 @@ class RuntimeState:
 
     @property
     def cp_rank(self) -> int:
-        """CP is carved out of the sharding group, innermost (not a mesh axis yet)."""
-        return self.shard_rank % self.cp_size
+        """Index in the context-parallel group (the innermost part of the sharding group)."""
+        return self.meshes.coordinate(MeshAxis.CP)
 
     @property
     def dp_size(self) -> int:
-        """Ranks that see different batches: all but TP (and CP, whose ranks split a sequence)."""
-        return self.world_size // (self.tp_size * self.cp_size)
+        """Ranks that see different rows: world / (pp x tp x cp) (cp ranks split one row)."""
+        return self.degrees.dp_size
 
     @property
     def dp_rank(self) -> int:
+        """Which rows this rank reads: its ``replicate x shard`` index // cp (without pp,
+        ``rank // (tp x cp)``, as AWS's SMP scripts compute it)."""
         return self.meshes.coordinate(MeshAxis.DP) // self.cp_size
 
 
@@ -231,25 +247,7 @@ def load_parameters(config: ConfigSource) -> SMPParameters:
             f"init(config=...) takes a dict of SMP parameters or a path to a JSON file, got "
             f"{type(config).__name__}."
         )
-    return parse_smp_parameters({**given, **_env_parameters()})
-
-
-def _env_parameters() -> dict[str, Any]:
-    raw = os.environ.get(SM_HP_MP_PARAMETERS)
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-        if isinstance(value, str):  # a hyperparameter JSON-encoded once more
-            value = json.loads(value)
-    except json.JSONDecodeError as error:
-        raise ConfigError(
-            f"{SM_HP_MP_PARAMETERS} is not valid JSON ({error}): {raw[:200]!r}. It should hold "
-            "the SMP parameters dict, e.g. '{\"hybrid_shard_degree\": 2}'."
-        ) from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{SM_HP_MP_PARAMETERS} must hold a JSON object, got {raw[:200]!r}.")
-    return value
+    return parse_smp_parameters({**given, **decode_mp_parameters(os.environ)})
 
 
 def _select_device() -> torch.device:
@@ -299,17 +297,25 @@ def _destroy_own_process_group() -> None:
 
 
 def build_state(
-    params: SMPParameters, *, device: torch.device, owns_process_group: bool = False
+    params: SMPParameters,
+    *,
+    device: torch.device,
+    owns_process_group: bool = False,
+    degrees: ResolvedDegrees | None = None,
 ) -> RuntimeState:
-    """Resolve degrees against the running process group and build meshes and groups."""
+    """Resolve degrees against the running process group and build meshes and groups.
+
+    `degrees` skips the resolution (degrees the parameters cannot express yet, e.g. pp > 1).
+    """
     world_size, rank = dist.get_world_size(), dist.get_rank()
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    degrees = resolve_contract_degrees(
-        params,
-        world_size,
-        ranks_per_host=local_world_size,
-        world_description=_describe_world(world_size, local_world_size),
-    )
+    if degrees is None:
+        degrees = resolve_contract_degrees(
+            params,
+            world_size,
+            ranks_per_host=local_world_size,
+            world_description=_describe_world(world_size, local_world_size),
+        )
     meshes = build_meshes(degrees, device.type)
     return RuntimeState(
         config=params,
@@ -322,6 +328,8 @@ def build_state(
         meshes=meshes,
         world_process_group=dist.group.WORLD,
         tp_process_group=meshes.dense.get_group(MeshAxis.TP.value),
+        cp_process_group=meshes.context.get_group(MeshAxis.CP.value),
+        pp_process_group=meshes.layout.get_group(MeshAxis.PP.value),
         ep_process_group=(
             meshes.expert.get_group(MeshAxis.EP.value) if meshes.expert is not None else None
         ),

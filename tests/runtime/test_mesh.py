@@ -3,8 +3,12 @@
 One subprocess plays every rank of 8- and 4-rank worlds in turn on torch's fake process group
 (no collectives run; DeviceMesh bookkeeping is real) and reports each rank's meshes; the
 expected layout is computed here from the rank formula ``rank = (replicate * shard + s) * tp + t``
-(and ``s = shard_mod_ep * ep + e`` with expert parallelism). Real gloo groups are checked in
-test_hsdp_layouts.py::test_state_coordinates_and_groups.
+(and ``s = shard_mod_ep * ep + e`` with expert parallelism). Degrees the parameters cannot
+express yet (pipeline stages, context parallelism with sharding) are built from hand-made
+ResolvedDegrees: ``rank = ((p * replicate + r) * shard + s) * tp + t``,
+``s = shard_mod_cp * cp + c``.
+Real gloo groups are checked in test_hsdp_layouts.py::test_state_coordinates_and_groups and, for
+pp / cp > 1, in test_state.py::test_pipeline_and_context_axes_on_gloo_ranks.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ import sys
 
 import pytest
 
-from meshtrain.contract import SMPParameters, resolve_degrees
-from meshtrain.contract.mesh_axes import DENSE_AXES, EXPERT_AXES, MeshAxis, axis_size, mesh_shape
+from meshtrain.contract import ResolvedDegrees, SMPParameters, resolve_degrees
+from meshtrain.contract.mesh_axes import (
+    DENSE_AXES,
+    EXPERT_AXES,
+    MeshAxis,
+    axis_size,
+    mesh_shape,
+    rank_coordinates,
+)
 
 CASES = [  # (world size, SMP parameters)
     (8, {}),
@@ -28,11 +39,29 @@ CASES = [  # (world size, SMP parameters)
     (4, {"hybrid_shard_degree": 1, "tensor_parallel_degree": 4}),
 ]
 
+# Hand-made degrees (pp, replicate, shard, tp, cp, ep) on 8 ranks: what [pipeline] / [context]
+# will resolve; the mesh already holds their axes.
+HAND_MADE = [
+    (2, 1, 4, 1, 1, 1),
+    (2, 2, 2, 1, 1, 1),
+    (2, 1, 2, 2, 2, 1),
+    (1, 2, 4, 1, 2, 1),
+    (1, 1, 4, 2, 4, 1),
+    (2, 1, 4, 1, 2, 2),
+]
+
+
+def hand_made(pp: int, rep: int, shard: int, tp: int, cp: int, ep: int) -> dict:
+    return {"world_size": pp * rep * shard * tp, "replicate_degree": rep,
+            "hybrid_shard_degree": shard, "tensor_parallel_degree": tp,
+            "context_parallel_degree": cp, "expert_parallel_degree": ep,
+            "sharding_strategy": "full_shard", "pipeline_parallel_degree": pp}
+
 PLAYER = r"""
 import json, sys
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from meshtrain.contract import SMPParameters, resolve_degrees
+from meshtrain.contract import ResolvedDegrees, SMPParameters, resolve_degrees
 from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain_runtime.mesh import build_meshes
 
@@ -44,7 +73,10 @@ def named(mesh):
 
 out = []
 for world, params in json.loads(sys.argv[1]):
-    degrees = resolve_degrees(SMPParameters(**params), world)
+    if "degrees" in params:
+        degrees = ResolvedDegrees(**params["degrees"])
+    else:
+        degrees = resolve_degrees(SMPParameters(**params), world)
     for rank in range(world):
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
         m = build_meshes(degrees, "cpu")
@@ -54,6 +86,8 @@ for world, params in json.loads(sys.argv[1]):
             "tp": ranks(m.submesh(MeshAxis.TP)),
             "hsdp": ranks(m.submesh(MeshAxis.REPLICATE, MeshAxis.SHARD)),
             "dp": named(m.dp), "replica": named(m.replica),
+            "layout": named(m.layout), "context": named(m.context),
+            "cp": ranks(m.submesh(MeshAxis.CP)), "pp": ranks(m.submesh(MeshAxis.PP)),
             "coords": {a.value: m.coordinate(a) for a in MeshAxis},
         })
         dist.destroy_process_group()
@@ -63,13 +97,14 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def records() -> list[dict]:
+    cases = CASES + [(8, {"degrees": hand_made(*case)}) for case in HAND_MADE]
     result = subprocess.run(
-        [sys.executable, "-c", PLAYER, json.dumps(CASES)],
+        [sys.executable, "-c", PLAYER, json.dumps(cases)],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     rows = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(rows) == sum(world for world, _ in CASES)
+    assert len(rows) == sum(world for world, _ in cases)
     return rows
 
 
@@ -80,6 +115,7 @@ def _expected_coords(rank: int, r: int, s: int, tp: int, ep: int) -> dict[str, i
         "world": rank, "replicate": replicate, "shard": shard, "tp": t,
         "shard_mod_ep": shard // ep, "ep": shard % ep,
         "dp": replicate * s + shard, "replica": shard * tp + t,
+        "pp": 0, "shard_mod_cp": shard, "cp": 0,  # the axes pp and cp, at size 1
     }
 
 
@@ -118,5 +154,52 @@ def test_axis_sizes_follow_the_degrees() -> None:
     assert sizes == {
         MeshAxis.WORLD: 16, MeshAxis.REPLICATE: 4, MeshAxis.SHARD: 4, MeshAxis.TP: 1,
         MeshAxis.SHARD_MOD_EP: 2, MeshAxis.EP: 2, MeshAxis.DP: 16, MeshAxis.REPLICA: 4,
+        MeshAxis.PP: 1, MeshAxis.SHARD_MOD_CP: 4, MeshAxis.CP: 1,  # the axes pp and cp, at size 1
     }
     assert mesh_shape(degrees) == (4, 4, 1)  # the dense layout by default
+
+
+@pytest.mark.parametrize(
+    "case", HAND_MADE, ids=["pp{}-r{}-s{}-tp{}-cp{}-ep{}".format(*c) for c in HAND_MADE]
+)
+def test_pipeline_and_context_axes(records: list[dict], case: tuple[int, ...]) -> None:
+    pp, rep, shard, tp, cp, ep = case
+    degrees = ResolvedDegrees(**hand_made(*case))
+    rows = [row for row in records if row["params"] == {"degrees": hand_made(*case)}]
+    assert [row["rank"] for row in rows] == list(range(8))
+    stage = rep * shard * tp
+    layout = [[[[((p * rep + i) * shard + j) * tp + k for k in range(tp)] for j in range(shard)]
+               for i in range(rep)] for p in range(pp)]
+    rows_of_dp: dict[int, list[int]] = {}
+    for row in rows:
+        rank = row["rank"]
+        p, rest = divmod(rank, stage)
+        t, rest = rank % tp, rest // tp
+        r, s = divmod(rest, shard)
+        expected = {
+            "world": rank, "pp": p, "replicate": r, "shard": s, "tp": t,
+            "shard_mod_cp": s // cp, "cp": s % cp, "shard_mod_ep": s // ep, "ep": s % ep,
+            "dp": r * shard + s, "replica": s * tp + t,
+        }
+        assert row["coords"] == expected
+        assert {a.value: v for a, v in rank_coordinates(degrees, rank).items()} == expected
+        assert row["layout"] == [["pp", "replicate", "shard", "tp"], layout]
+        assert row["dense"] == [["replicate", "shard", "tp"], layout[p]]  # this stage's view
+        assert row["pp"] == [layout[q][r][s][t] for q in range(pp)]
+        assert row["cp"] == [layout[p][r][s - s % cp + c][t] for c in range(cp)]
+        cp_view = [[[[layout[p][i][j * cp + c][k] for k in range(tp)] for c in range(cp)]
+                    for j in range(shard // cp)] for i in range(rep)]
+        assert row["context"] == [["replicate", "shard_mod_cp", "cp", "tp"], cp_view]
+        rows_of_dp.setdefault((r * shard + s) // cp, []).append(rank)  # dp_rank = dp // cp
+    # dp_size = world / (pp x tp x cp) row indices, each read by the pp x tp x cp ranks that
+    # differ only in stage, tp and cp coordinates
+    assert degrees.dp_size == 8 // (pp * tp * cp)
+    assert sorted(rows_of_dp) == list(range(degrees.dp_size))
+    assert all(len(ranks) == pp * tp * cp for ranks in rows_of_dp.values())
+
+
+def test_hand_made_degrees_that_do_not_fit_are_refused() -> None:
+    with pytest.raises(ValueError, match="pp 2 x replicate 1 x shard 2 x tp 1 is not the world"):
+        ResolvedDegrees(**{**hand_made(2, 1, 2, 1, 1, 1), "world_size": 8})
+    with pytest.raises(ValueError, match="cp 4 does not divide the sharding group 2"):
+        ResolvedDegrees(**hand_made(2, 1, 2, 2, 4, 1))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,46 @@ print("initialized:", dist.is_initialized(), flush=True)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.splitlines() == ["initialized: True", "initialized at exit: False"]
+
+
+# (pp, replicate, shard, tp, cp) on 4 ranks: degrees [pipeline] / [context] will resolve
+GLOO_DEGREES = [(2, 1, 2, 1, 1), (1, 2, 2, 1, 2), (2, 1, 2, 1, 2), (2, 1, 1, 2, 1)]
+
+
+@pytest.mark.multiprocess
+def test_pipeline_and_context_axes_on_gloo_ranks(torchrun) -> None:
+    """state.pp_rank / cp_rank / dp_rank and their groups on 4 gloo ranks, from hand-made
+    degrees: pp outermost, cp innermost in the sharding group, dp_rank = dp // cp with
+    dp_size = world / (pp x tp x cp); each group's all-reduce sums exactly its ranks."""
+    cases = [{"world_size": 4, "pipeline_parallel_degree": pp, "replicate_degree": rep,
+              "hybrid_shard_degree": shard, "tensor_parallel_degree": tp,
+              "context_parallel_degree": cp, "expert_parallel_degree": 1,
+              "sharding_strategy": "full_shard"} for pp, rep, shard, tp, cp in GLOO_DEGREES]
+    records = torchrun(Path(__file__).parent / "workers" / "mesh_degrees.py", 4,
+                       json.dumps(cases), timeout=300)
+    assert len(records) == 4 * len(cases)
+    for row in records:
+        d, rank = row["degrees"], row["rank"]
+        pp, rep, shard = (d[k] for k in ("pipeline_parallel_degree", "replicate_degree",
+                                          "hybrid_shard_degree"))
+        tp, cp = d["tensor_parallel_degree"], d["context_parallel_degree"]
+        stage = rep * shard * tp
+        p, t = rank // stage, rank % tp
+        r, s = divmod((rank % stage) // tp, shard)
+        assert (row["pp_rank"], row["pp_size"], row["pipeline_parallel_degree"]) == (p, pp, pp)
+        assert (row["replicate_rank"], row["shard_rank"], row["tp_rank"]) == (r, s, t)
+        assert (row["cp_rank"], row["cp_size"]) == (s % cp, cp)
+        assert row["dp_size"] == 4 // (pp * tp * cp)
+        assert row["dp_rank"] == (r * shard + s) // cp
+        if pp == 1:  # AWS's SMP scripts: dp_rank = rank // (tp x cp)
+            assert row["dp_rank"] == rank // (tp * cp)
+        pp_group = [q * stage + rank % stage for q in range(pp)]
+        cp_group = [rank - (s % cp) * tp + c * tp for c in range(cp)]
+        dp_group = [p * stage + i * tp + t for i in range(rep * shard)]
+        assert row["pp_group"] == pp_group and row["cp_group"] == cp_group
+        assert row["dp_group"] == dp_group
+        assert row["tp_group"] == [rank - t + k for k in range(tp)]
+        assert row["sums"] == [sum(pp_group), sum(cp_group), sum(dp_group)]
+        assert row["mesh"][0] == ["replicate", "shard", "tp"]  # this stage's dense view
+        assert row["mesh"][1] == [[[p * stage + (i * shard + j) * tp + k for k in range(tp)]
+                                   for j in range(shard)] for i in range(rep)]

@@ -1,9 +1,11 @@
 """Resolving SMP degrees against a real world size, with the arithmetic in every error.
 
-Rank layout (one mesh, outermost first): ``replicate x shard x tp``. Tensor-parallel groups are
-contiguous global ranks (``tp_rank = rank % tp``), as in SMP's example scripts. Expert parallelism
-is carved out of the sharding group (torchtitan's layout): ``shard = shard_mod_ep x ep``. The axis
-names and the mesh shapes of these degrees are in ``meshtrain.contract.mesh_axes``.
+Rank layout (one mesh, outermost first): ``pp x replicate x shard x tp``. Every degree but the
+pipeline's counts ranks within one pipeline stage (world / pp ranks): ``hybrid_shard_degree``
+included, and the context-parallel group is carved out of it (``shard = shard_mod_cp x cp``),
+as is expert parallelism (``shard = shard_mod_ep x ep``, torchtitan's layout). Tensor-parallel
+groups are contiguous global ranks (``tp_rank = rank % tp``), as in SMP's example scripts. The
+axis names, the rank formula and the mesh shapes are in ``meshtrain.contract.mesh_axes``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ _RESHARD_AFTER_FORWARD = {
 
 @dataclass(frozen=True)
 class ResolvedDegrees:
-    """Validated parallel sizes for one world; their product is the world size."""
+    """Validated parallel sizes for one world: ``pp x replicate x shard x tp`` is the world size,
+    cp and ep divide the sharding group (an internal invariant, checked on construction)."""
 
     world_size: int
     replicate_degree: int
@@ -34,11 +37,36 @@ class ResolvedDegrees:
     context_parallel_degree: int
     expert_parallel_degree: int
     sharding_strategy: str
+    pipeline_parallel_degree: int = 1
+
+    def __post_init__(self) -> None:
+        stage = self.replicate_degree * self.hybrid_shard_degree * self.tensor_parallel_degree
+        if self.pipeline_parallel_degree * stage != self.world_size:
+            raise ValueError(
+                f"pp {self.pipeline_parallel_degree} x replicate {self.replicate_degree} x shard "
+                f"{self.hybrid_shard_degree} x tp {self.tensor_parallel_degree} is not the world "
+                f"size {self.world_size}"
+            )
+        for name, carved in (("cp", self.context_parallel_degree),
+                             ("ep", self.expert_parallel_degree)):
+            if self.hybrid_shard_degree % carved:
+                raise ValueError(
+                    f"{name} {carved} does not divide the sharding group {self.hybrid_shard_degree}"
+                )
 
     @property
     def data_parallel_degree(self) -> int:
-        """Ranks that see different data: everything but tensor parallelism."""
+        """The ranks of one stage that hold the same parameters and reduce gradients together
+        (``replicate x shard``, context-parallel ranks included)."""
         return self.replicate_degree * self.hybrid_shard_degree
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that see different rows of data: world / (pp x tp x cp)."""
+        return self.world_size // (
+            self.pipeline_parallel_degree * self.tensor_parallel_degree
+            * self.context_parallel_degree
+        )
 
     @property
     def reshard_after_forward(self) -> bool:
@@ -84,6 +112,7 @@ def resolve_degrees(
         context_parallel_degree=cp,
         expert_parallel_degree=ep,
         sharding_strategy=strategy,
+        pipeline_parallel_degree=1,  # not a parameter the contract accepts yet
     )
 
 

@@ -1,15 +1,24 @@
 """The named axes of a job's device mesh, their order, and their sizes for resolved degrees.
 
-The runtime builds ONE world mesh (a 1-D ``world`` axis over every rank) and views it in two
-layouts, outermost first (``meshtrain_runtime.mesh``, torchtitan's ``ParallelDims`` style):
+The mesh, stated once (``meshtrain_runtime.mesh`` builds it; docs/architecture.md draws it):
+ONE world mesh (a 1-D ``world`` axis over every rank) laid out, outermost first, as
+``pp x replicate x shard x tp`` (`LAYOUT_AXES`)::
 
-- dense layers (FSDP/HSDP, TP): ``replicate x shard x tp``; tensor-parallel ranks are contiguous,
-  ``rank = (replicate * shard + s) * tp + t``;
-- expert layers: ``replicate x shard_mod_ep x ep``: expert parallelism is carved out of each
-  sharding group, innermost (``shard = shard_mod_ep x ep``; the contract refuses EP with TP).
+    rank = ((pp * replicate + r) * shard + s) * tp + t
 
-`FLATTENED` axes join axes of the dense layout. Nothing here imports torch: the client plans with
-the same names and shapes.
+- ``pp``: pipeline stages, outermost; every other size counts ranks within one stage
+  (``hybrid_shard_degree`` included, cp ranks included in it);
+- ``tp``: tensor-parallel ranks are contiguous (SMP's example scripts: ``tp_rank = rank % tp``);
+- context parallelism is carved out of the sharding group, innermost in it:
+  ``shard = shard_mod_cp x cp`` (`CONTEXT_AXES`);
+- expert parallelism is folded inside the sharding group, innermost:
+  ``shard = shard_mod_ep x ep`` (`EXPERT_AXES`; the contract refuses EP with TP today).
+
+Ranks that see different rows of data: ``dp_size = world / (pp x tp x cp)``, a rank's row index
+``dp_rank = dp // cp`` where ``dp`` is its index in the flattened ``replicate x shard`` axis
+(without pp: ``rank // (tp x cp)``, as AWS's SMP scripts compute it). Stages get views of the one
+mesh, per stage: `DENSE_AXES` (FSDP/HSDP, TP), `CONTEXT_AXES`, `EXPERT_AXES`; `FLATTENED` axes
+join axes of the dense view. Nothing here imports torch: the client plans with the same names.
 """
 
 from __future__ import annotations
@@ -24,27 +33,47 @@ class MeshAxis(StrEnum):
 
     WORLD = "world"
     """Every rank, in global rank order: the one mesh the others are views of."""
+    PP = "pp"
+    """Pipeline stages (outermost)."""
     REPLICATE = "replicate"
     """Replicas of the model (HSDP's outer axis, SMP's "rep rank")."""
     SHARD = "shard"
-    """The sharding (FSDP) group inside one replica."""
+    """The sharding (FSDP) group of one replica of one stage, context-parallel ranks included."""
     TP = "tp"
     """Tensor parallelism (contiguous global ranks)."""
+    SHARD_MOD_CP = "shard_mod_cp"
+    """The sharding group divided by the CP degree: ranks that see different rows."""
+    CP = "cp"
+    """Context parallelism (the innermost part of the sharding group): ranks that split a row."""
     SHARD_MOD_EP = "shard_mod_ep"
     """The sharding group divided by the EP degree: the ranks that hold the same experts."""
     EP = "ep"
     """Expert parallelism (the innermost part of the sharding group)."""
     DP = "dp"
-    """Flattened ``replicate x shard``: every rank that sees different data (without CP)."""
+    """Flattened ``replicate x shard``: the ranks gradients are reduced over (cp included)."""
     REPLICA = "replica"
-    """Flattened ``shard x tp``: the ranks of one whole replica."""
+    """Flattened ``shard x tp``: the ranks of one whole replica of one stage."""
 
+
+LAYOUT_AXES: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.REPLICATE, MeshAxis.SHARD, MeshAxis.TP)
+"""The world's layout, outermost first: what the 1-D world mesh is unflattened into."""
 
 DENSE_AXES: tuple[MeshAxis, ...] = (MeshAxis.REPLICATE, MeshAxis.SHARD, MeshAxis.TP)
-"""The layout of dense layers (``state.mesh``), outermost first."""
+"""The layout of dense layers within one stage (``state.mesh``), outermost first."""
+
+CONTEXT_AXES: tuple[MeshAxis, ...] = (
+    MeshAxis.REPLICATE, MeshAxis.SHARD_MOD_CP, MeshAxis.CP, MeshAxis.TP
+)
+"""One stage with the context-parallel group carved out of the sharding group (innermost)."""
 
 EXPERT_AXES: tuple[MeshAxis, ...] = (MeshAxis.REPLICATE, MeshAxis.SHARD_MOD_EP, MeshAxis.EP)
-"""The layout of expert layers (``state.expert_mesh``), outermost first."""
+"""The layout of expert layers within one stage (``state.expert_mesh``), outermost first."""
+
+SHARD_SPLITS: dict[MeshAxis, tuple[MeshAxis, MeshAxis]] = {
+    MeshAxis.CP: (MeshAxis.SHARD_MOD_CP, MeshAxis.CP),
+    MeshAxis.EP: (MeshAxis.SHARD_MOD_EP, MeshAxis.EP),
+}
+"""The two parts (outer, inner) the ``shard`` axis is split into for each carved-out axis."""
 
 FLATTENED: dict[MeshAxis, tuple[MeshAxis, ...]] = {
     MeshAxis.DP: (MeshAxis.REPLICATE, MeshAxis.SHARD),
@@ -60,12 +89,16 @@ def axis_size(degrees: ResolvedDegrees, axis: MeshAxis) -> int:
         for part in FLATTENED[axis]:
             size *= axis_size(degrees, part)
         return size
+    shard = degrees.hybrid_shard_degree
     sizes = {
         MeshAxis.WORLD: degrees.world_size,
+        MeshAxis.PP: degrees.pipeline_parallel_degree,
         MeshAxis.REPLICATE: degrees.replicate_degree,
-        MeshAxis.SHARD: degrees.hybrid_shard_degree,
+        MeshAxis.SHARD: shard,
         MeshAxis.TP: degrees.tensor_parallel_degree,
-        MeshAxis.SHARD_MOD_EP: degrees.hybrid_shard_degree // degrees.expert_parallel_degree,
+        MeshAxis.SHARD_MOD_CP: shard // degrees.context_parallel_degree,
+        MeshAxis.CP: degrees.context_parallel_degree,
+        MeshAxis.SHARD_MOD_EP: shard // degrees.expert_parallel_degree,
         MeshAxis.EP: degrees.expert_parallel_degree,
     }
     return sizes[axis]
@@ -83,12 +116,32 @@ def axis_names(axes: tuple[MeshAxis, ...]) -> tuple[str, ...]:
     return tuple(axis.value for axis in axes)
 
 
+def rank_coordinates(degrees: ResolvedDegrees, rank: int) -> dict[MeshAxis, int]:
+    """Where global `rank` sits on every axis (the rank formula above, without torch)."""
+    tp, shard = degrees.tensor_parallel_degree, degrees.hybrid_shard_degree
+    t, rest = rank % tp, rank // tp
+    s, rest = rest % shard, rest // shard
+    replicate, pp = rest % degrees.replicate_degree, rest // degrees.replicate_degree
+    cp, ep = degrees.context_parallel_degree, degrees.expert_parallel_degree
+    return {
+        MeshAxis.WORLD: rank, MeshAxis.PP: pp, MeshAxis.REPLICATE: replicate,
+        MeshAxis.SHARD: s, MeshAxis.TP: t,
+        MeshAxis.SHARD_MOD_CP: s // cp, MeshAxis.CP: s % cp,
+        MeshAxis.SHARD_MOD_EP: s // ep, MeshAxis.EP: s % ep,
+        MeshAxis.DP: replicate * shard + s, MeshAxis.REPLICA: s * tp + t,
+    }
+
+
 __all__ = [
+    "CONTEXT_AXES",
     "DENSE_AXES",
     "EXPERT_AXES",
     "FLATTENED",
+    "LAYOUT_AXES",
+    "SHARD_SPLITS",
     "MeshAxis",
     "axis_names",
     "axis_size",
     "mesh_shape",
+    "rank_coordinates",
 ]
