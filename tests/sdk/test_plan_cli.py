@@ -85,6 +85,9 @@ def test_dimensions_and_config_json(capsys, tmp_path):
     (["--model", "llama2-7b", "--gpus", "12"], "not a whole number of nodes"),
     (["--model", "llama2-7b", "--instance-type", "ml.p9.huge"], "Unknown instance type"),
     (["--hidden-size", "64", "--gpus", "1"], "need --num-layers"),
+    (["--num-params", "nan"], "--num-params nan is not a finite number: give a value such as 7e9"),
+    (["--num-params", "inf", "--gpus", "8"], "--num-params inf is not a finite number"),
+    (["--num-params", "7e9", "--gpus", "8", "--reserve-gib", "nan"], "--reserve-gib nan is not"),
 ])
 def test_bad_arguments_exit_2(argv, needle, capsys):
     assert plan_main(argv) == 2
@@ -159,3 +162,65 @@ def test_largest_layer_and_optimizer_offload_flags(capsys):
     assert changed["optimizer_step"]["terms"]["optimizer_states"] == 0
     assert changed["forward"]["terms"]["gathered_parameters"] > plain["forward"]["terms"][
         "gathered_parameters"]
+
+
+def _header(out: str) -> list[str]:
+    line = next(line for line in out.splitlines() if "layout" in line and "┃" in line)
+    return [cell.strip() for cell in line.strip("┃ ").split("┃")]
+
+
+@pytest.mark.parametrize(("argv", "title"), [
+    (["--gpus", "8"], "on 8 x 80 GiB GPUs (1 host of 8, world size 8)"),
+    (["--gpus", "16", "--gpu-memory", "40"], "on 16 x 40 GiB GPUs (2 hosts of 8, world size 16)"),
+    (["--instance-type", "ml.p4d.24xlarge", "--instance-count", "2"],
+     "on 2 x ml.p4d.24xlarge (8 ranks per host, world size 16)"),
+])
+def test_the_title_counts_what_it_names(argv, title, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "140")
+    _, out = run(["--model", "llama3-8b", "--top", "1", *argv], capsys)
+    assert title in out.splitlines()[0]
+
+
+@pytest.mark.parametrize(("argv", "gpu"), [
+    (["--gpus", "8"], "A100-SXM4-80GB speeds: 312 TFLOP/s"),
+    (["--instance-type", "ml.p5.48xlarge"], "H100-SXM5-80GB speeds: 989 TFLOP/s"),
+    (["--instance-type", "ml.p4d.24xlarge"], "A100-SXM4-40GB speeds: 312 TFLOP/s"),
+    (["--instance-type", "ml.g5.48xlarge"], "A10G speeds: 70 TFLOP/s"),
+])
+def test_tokens_per_s_names_the_gpu_it_assumes(argv, gpu, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per printed paragraph
+    _, out = run(["--model", "llama3-8b", "--top", "1", *argv], capsys)
+    assert f"tokens/s assumes {gpu} dense half-precision peak at 40% of it" in out
+    assert ("--gpus names no GPU model: it plans with A100-SXM4-80GB speeds" in out) == (
+        argv[0] == "--gpus")
+
+
+@pytest.mark.parametrize("width", ["80", "100", "140"])
+def test_every_column_shown_is_explained_and_every_one_left_out_is_named(width, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setenv("COLUMNS", width)
+    _, out = run(["--model", "llama3-8b", "--gpus", "8", "--top", "3"], capsys)
+    shown = _header(out)
+    every = ["#", "layout", "peak GiB", "fits", "phase", "tokens/s", "states", "activations",
+             "temp", "comm GB/step"]
+    assert shown == every[:len(shown)] and len(shown) >= 6
+    lines = out.splitlines()
+    for name in shown:
+        assert any(line.startswith(f"  {name}: ") for line in lines), name  # its legend row
+    left_out = every[len(shown):]
+    flat = " ".join(out.split())
+    if left_out:
+        assert f"left out: {', '.join(left_out)}, for width" in flat
+    else:
+        assert "left out" not in flat
+    # the phase table's columns: the starred one is the peak, and the legend says so
+    assert "loss*" in out and "* marks the peak phase, whose total is the table's peak" in flat
+    assert "Phases: forward; loss (the logits and the loss" in flat
+
+
+def test_piped_output_keeps_every_column(capsys, monkeypatch):
+    """Not a terminal and no COLUMNS (`meshtrain plan ... | less`): nothing is cut to 80."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    _, out = run(["--model", "llama3-8b", "--gpus", "8", "--top", "3"], capsys)
+    assert _header(out)[-1] == "comm GB/step"
+    assert "left out" not in out

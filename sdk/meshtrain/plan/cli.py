@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -29,6 +30,8 @@ from meshtrain.plan.plot import plot_phases  # imports matplotlib only when plot
 from meshtrain.plan.report import plan_to_dict, render_plan, short_layout
 
 _DIMENSIONS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
+PIPED_WIDTH = 140
+"""Columns of piped output (a file, `| less`, `| grep`): wide enough for every table column."""
 _FINITE_EXAMPLES = {"num_params": "7e9", "largest_layer_params": "2.1e8", "gpu_memory": "80",
                     "reserve_gib": "5", "dropout": "0.1", "compute_efficiency": "0.4"}
 
@@ -238,13 +241,22 @@ def run_plan(args: argparse.Namespace) -> int:
                             smallest_fitting_node_count=None if bigger is None else bigger[0])
         print(json.dumps(data, indent=2))
     else:
-        console = Console()
+        console = _console()
         render_plan(plan, console, top=top or len(plan.candidates))
         if bigger is not None:
             count, bigger_plan = bigger
             console.print(f"With {count} nodes of this kind, {short_layout(bigger_plan.best)} "
                           f"fits: {bigger_plan.best.describe()}.")  # type: ignore[union-attr]
     return 1 if best is None and args.strict else 0
+
+
+def _console() -> Console:
+    """The terminal's width on a terminal (COLUMNS where set); piped output is not cut to 80
+    columns but gets every column of the table (PIPED_WIDTH)."""
+    console = Console()
+    if console.is_terminal or "COLUMNS" in os.environ:
+        return console
+    return Console(width=PIPED_WIDTH)
 
 
 def _plot(plan: Plan, path: str) -> None:

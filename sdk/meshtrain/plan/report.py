@@ -10,6 +10,7 @@ from rich.table import Table
 
 from meshtrain.plan.cluster import GIB
 from meshtrain.plan.layouts import LayoutEstimate, Plan, reasoning, tipping_term
+from meshtrain.plan.legend import PHASE_LEGEND, cluster_text, column_legend, speed_text
 
 SCHEMA_VERSION = 3
 """2: `memory_bytes.phases` and `memory_bytes.peak_phase` added; 3: `degrees.reshard_after_forward`,
@@ -189,15 +190,23 @@ def _row(rank: int, estimate: LayoutEstimate) -> dict[str, str]:
     }
 
 
+def table_columns(width: int) -> tuple[list[str], list[str]]:
+    """(columns shown, columns left out) at `width`: dropped by priority, never silently (the
+    caller names those left out)."""
+    limit = 3 if width >= _WIDE else 2 if width >= _MEDIUM else 1
+    return ([name for name, _, priority in _COLUMNS if priority <= limit],
+            [name for name, _, priority in _COLUMNS if priority > limit])
+
+
 def build_table(plan: Plan, *, top: int = 10, width: int = _WIDE) -> Table:
     """The ranked candidates as a rich table (GiB per rank, GB sent per rank per step).
 
     Columns are dropped by priority to fit `width` (the terminal's): at 80 columns the rank,
     layout, peak, fit, peak phase and tokens/s remain; the layout column folds.
     """
-    limit = 3 if width >= _WIDE else 2 if width >= _MEDIUM else 1
-    columns = [column for column in _COLUMNS if column[2] <= limit]
-    table = Table(title=f"{plan.model.name} on {plan.cluster.description}", show_lines=False)
+    shown = table_columns(width)[0]
+    columns = [column for column in _COLUMNS if column[0] in shown]
+    table = Table(title=f"{plan.model.name} on {cluster_text(plan.cluster)}", show_lines=False)
     for name, justify, _ in columns:
         table.add_column(name, justify=justify,  # type: ignore[arg-type]
                          overflow="fold" if name == "layout" else "ellipsis")
@@ -227,8 +236,10 @@ def phase_table(estimate: LayoutEstimate, unit: str = "GPU") -> Table:
 
 
 def render_plan(plan: Plan, console: Console, *, top: int = 10) -> None:
-    """Print the table, the ZeRO-stage model states and the recommendation with its reasons."""
+    """Print the table with what its columns mean and the speeds it assumes, the ZeRO-stage
+    model states, and the recommendation with its reasons and its memory by phase."""
     console.print(build_table(plan, top=top, width=console.width))
+    _print_legend(plan, console)
     stages = plan.model_state_bytes_per_gpu
     console.print(
         f"Model states per {plan.cluster.rank_unit} over {stages['data_parallel_degree']} "
@@ -243,6 +254,16 @@ def render_plan(plan: Plan, console: Console, *, top: int = 10) -> None:
     console.print(f"[bold]Recommended:[/] {best.describe()}")
     console.print(f"  Why: it {reasoning(best, plan)}")
     console.print(phase_table(best, plan.cluster.rank_unit))
+    console.print(PHASE_LEGEND, highlight=False)
+
+
+def _print_legend(plan: Plan, console: Console) -> None:
+    shown, left_out = table_columns(console.width)
+    capacity = plan.cluster.capacity_bytes
+    console.print("Columns:", highlight=False)
+    console.print(column_legend(shown, left_out, unit=plan.cluster.rank_unit,
+                                usable_gib=None if capacity is None else capacity / GIB))
+    console.print(speed_text(plan.cluster, plan.training.compute_efficiency), highlight=False)
 
 
 def memory_text(estimate: LayoutEstimate) -> str:
@@ -299,4 +320,5 @@ __all__ = [
     "plan_to_dict",
     "render_plan",
     "short_layout",
+    "table_columns",
 ]
