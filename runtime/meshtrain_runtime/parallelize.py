@@ -228,20 +228,28 @@ def _check_request(
 ) -> None:
     """Reject what this build cannot do before anything is changed."""
     params = st.config
-    check_build_support(params, st.tensor_parallel_degree)  # the client runs it too
-    if from_rank0 and st.tensor_parallel_degree > 1:
-        raise ConfigError(
-            f"load_state_dict_from_rank0=True with tensor_parallel_degree="
-            f"{st.tensor_parallel_degree}: tensor parallelism splits weights by collectives "
-            "that need the same (real or meta) model on every rank. Build the model with its "
-            "real weights on every rank, or load a sharded checkpoint after transform()."
-        )
+    check_model_parallel_request(st, device=device, load_state_dict_from_rank0=from_rank0)
     resolve_offload_policy(params.cpu_offload, st.device.type)
     check_fp8(params.fp8, st.device)
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ConfigError(
             "The model is already sharded (transform() or fully_shard() ran on it). Call "
             "transform() once, on the plain model."
+        )
+
+
+def check_model_parallel_request(
+    st: runtime_state.RuntimeState, *, device: Any, load_state_dict_from_rank0: bool
+) -> None:
+    """The checks of every model conversion, `transform` and SMP's ``tsm.transform`` alike:
+    what this build runs, rank-0 weights with TP, the device. Raise ConfigError."""
+    check_build_support(st.config, st.tensor_parallel_degree)  # the client runs it too
+    if load_state_dict_from_rank0 and st.tensor_parallel_degree > 1:
+        raise ConfigError(
+            f"load_state_dict_from_rank0=True with tensor_parallel_degree="
+            f"{st.tensor_parallel_degree}: tensor parallelism splits weights by collectives "
+            "that need the same (real or meta) model on every rank. Build the model with its "
+            "real weights on every rank, or load a sharded checkpoint after transform()."
         )
     if device is not None and torch.device(device).type != st.device.type:
         raise ConfigError(
@@ -274,4 +282,10 @@ def _rank0_state_dict(
     return {key: value.detach() for key, value in model.state_dict().items()}
 
 
-__all__ = ["apply_converters", "apply_model_parallel", "transform", "uses_fsdp"]
+__all__ = [
+    "apply_converters",
+    "apply_model_parallel",
+    "check_model_parallel_request",
+    "transform",
+    "uses_fsdp",
+]

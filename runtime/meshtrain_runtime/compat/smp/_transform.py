@@ -27,7 +27,11 @@ from meshtrain_runtime.parallel.tensor import (
     locally_computed_parameters,
     stop_local_compute,
 )
-from meshtrain_runtime.parallelize import apply_converters, apply_model_parallel
+from meshtrain_runtime.parallelize import (
+    apply_converters,
+    apply_model_parallel,
+    check_model_parallel_request,
+)
 
 CP_COMM_TYPES = ("p2p", "all_gather")
 BLOCK_MARK = "_smp_transformer_layer"
@@ -48,7 +52,7 @@ def transform(
     - `load_state_dict_from_rank0`: rank 0 holds real weights, other ranks may be on meta; the
       script's FSDP call then needs ``sync_module_states=True`` (as in SMP).
     - `cp_comm_type`: ``"p2p"`` or ``"all_gather"``; only used by context parallelism, which
-      this build does not provide (``context_parallel_degree > 1`` raises).
+      this build does not provide (``context_parallel_degree > 1`` raises, as in `transform`).
     """
     from meshtrain_runtime.compat.smp._state import state
 
@@ -104,14 +108,10 @@ def _on_meta(model: nn.Module) -> bool:
 def _check_request(
     st: runtime_state.RuntimeState, config: Any, cp_comm_type: str, device: Any, from_rank0: bool
 ) -> MoEConfig | None:
+    """SMP's own arguments, then the checks every transform shares (parallelize's)."""
     if cp_comm_type not in CP_COMM_TYPES:
         raise ConfigError(
             f"tsm.transform(cp_comm_type={cp_comm_type!r}): use 'p2p' or 'all_gather'."
-        )
-    if st.context_parallel_degree > 1:
-        raise ConfigError(
-            f"context_parallel_degree={st.context_parallel_degree}: context parallelism is not "
-            "available in meshtrain yet. Set context_parallel_degree to 1."
         )
     if config is not None and not isinstance(config, MoEConfig):
         raise ConfigError(
@@ -119,18 +119,7 @@ def _check_request(
             "modules, so only an MoEConfig (for expert parallelism) is accepted. Drop config= "
             "or pass torch.sagemaker.moe.moe_config.MoEConfig(...)."
         )
-    if device is not None and torch.device(device).type != st.device.type:
-        raise ConfigError(
-            f"tsm.transform(device={str(device)!r}) but the runtime runs on {st.device}. Leave "
-            "device unset."
-        )
-    if from_rank0 and st.tensor_parallel_degree > 1:
-        raise ConfigError(
-            f"load_state_dict_from_rank0=True with tensor_parallel_degree="
-            f"{st.tensor_parallel_degree} is not supported: tensor parallelism splits weights by "
-            "collectives that need the same model on every rank. Build the model on every rank, "
-            "or load a sharded checkpoint after wrapping."
-        )
+    check_model_parallel_request(st, device=device, load_state_dict_from_rank0=from_rank0)
     return config
 
 
