@@ -120,3 +120,11 @@ def test_smp_checkpoint_and_meshtrain_checkpoint_load_each_other(records):
     for record in cases(records, "interop"):
         assert record["meshtrain_from_shim"] == pytest.approx(expected, abs=TOLERANCE)
         assert record["shim_from_meshtrain"] == pytest.approx(expected, abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("case", ["state_tp2_hybrid2", "state_hybrid2_x2"])
+def test_smp_meshes_use_the_world_mesh_groups(records, case):
+    """FSDP1's (shard, tp) and (replicate, shard) meshes and FSDP2's are built over the process
+    groups of the runtime's one world mesh: SMP's flow creates no group of its own."""
+    for r in cases(records, case):
+        assert r["compat_groups_outside_world_mesh"] == []

@@ -165,3 +165,44 @@ def test_limit_num_subdirs_keeps_the_newest(tmp_path):
                                 regex=r"^.*\d+steps$", log=False)
     assert [Path(p).name for p in removed] == ["llama-2steps"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama-10steps", "llama-4steps", "other"]
+
+
+def test_patched_torch_signatures_are_the_checked_ones():
+    """SMP's FSDP patches call torch's originals positionally: a torch whose patched symbols
+    take other parameters fails here (update CHECKED_SIGNATURES after reading the new code)."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from meshtrain_runtime.compat.smp import _torch_patches
+
+    assert not _torch_patches.is_installed()
+    assert _torch_patches.live_signatures() == _torch_patches.CHECKED_SIGNATURES
+    assert inspect.unwrap(fully_shard).__kwdefaults__["mesh"] is None  # torch's own default
+    assert torch.__version__.split("+")[0] in _torch_patches.CHECKED_TORCH_VERSIONS
+
+
+def test_smp_fsdp_defaults_are_views_of_the_world_mesh_and_go_away(single_process_runtime):
+    """In a world of one: the script's FSDP1 and fully_shard calls without a group get SMP's
+    meshes, whose process groups are the runtime's world-mesh groups; tsm.reset() gives torch
+    its constructor and fully_shard's default back."""
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    from meshtrain_runtime.compat import smp as tsm
+    from meshtrain_runtime.compat.smp._fsdp import compat_meshes
+
+    original_init = FullyShardedDataParallel.__init__
+    tsm.init({})
+    try:
+        meshes, runtime = compat_meshes(), single_process_runtime.current().meshes
+        world_groups = {runtime.dense.get_group(axis).group_name for axis in range(3)}
+        assert {g.group_name for g in meshes.fsdp1.get_all_groups()} <= world_groups
+        wrapped = FullyShardedDataParallel(nn.Linear(4, 4))
+        assert wrapped._device_mesh is meshes.fsdp1
+        sharded = fully_shard(nn.Linear(4, 4))
+        assert fully_shard.state(sharded)._fsdp_param_group.mesh_info.mesh is meshes.fsdp2
+        assert tsm.state.cp_process_group is single_process_runtime.current().cp_process_group
+    finally:
+        tsm.reset()
+    assert FullyShardedDataParallel.__init__ is original_init
+    assert inspect.unwrap(fully_shard).__kwdefaults__["mesh"] is None

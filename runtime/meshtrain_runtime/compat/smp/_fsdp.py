@@ -1,19 +1,19 @@
 """SMP's FSDP defaults: the script's FSDP call shards over SMP's hybrid-shard group.
 
-SMP v2 patches FSDP inside ``tsm.init()``; so does this module, reversibly:
+SMP v2 patches FSDP inside ``tsm.init()``; so does this module, reversibly, through the one
+table of torch patches in ``_torch_patches`` (public names only, checked signatures):
 
-- FSDP1: ``FullyShardedDataParallel.__init__`` is wrapped (the class object itself, so names the
-  script imported before ``tsm.init`` see it). When the script passes neither ``process_group``
-  nor ``device_mesh``, the wrapper passes meshtrain's data-parallel submesh as ``device_mesh``:
-  the 1-D ``shard`` axis (one replica) or the 2-D ``(replicate, shard)`` axes (hybrid). Both are
-  children of the runtime's ``(replicate, shard, tp)`` mesh, so tensor-parallel DTensor
-  parameters made by ``tsm.transform`` are handled by torch's own FSDP + TP support (FSDP1's
-  DTensor extension, chosen because the FSDP mesh is not the root mesh). The sharding strategy
-  follows H0-H2 (contract §1.2, table in `resolve_strategy`). SMP's extra keyword
-  ``post_param_init_fn`` is accepted and run once on the module after wrapping. On a host
+- FSDP1: when the script passes neither ``process_group`` nor ``device_mesh`` to
+  ``FullyShardedDataParallel``, it gets the data-parallel part of the runtime's world mesh: the
+  ``shard`` axis (one replica), ``(replicate, shard)`` (hybrid) or ``replicate`` (no sharding),
+  or with tensor parallelism the ``shard`` axis of ``(shard, tp)``, whose ``tp`` axis
+  ``tsm.transform`` splits weights on. FSDP1 takes a mesh's root for its whole layout (its
+  tensor-parallel extension needs the root to be ``(shard, tp)``), so these are root meshes over
+  the world mesh's own process groups (``meshtrain_runtime.mesh.root_over_groups``): no second
+  process group. The sharding strategy follows H0-H2 (contract §1.2, `resolve_strategy`). SMP's
+  extra keyword ``post_param_init_fn`` is run once on the module after wrapping. On a host
   without CUDA ``device_id`` defaults to the CPU device (FSDP1 needs one there).
-- FSDP2: ``fully_shard(module)`` without ``mesh`` takes the same data-parallel submesh (the
-  default-mesh function inside torch's ``fully_shard`` is swapped while SMP is initialised).
+- FSDP2: ``fully_shard(module)`` without ``mesh`` takes the runtime's data-parallel view.
 """
 
 from __future__ import annotations
@@ -24,20 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.mesh_axes import MeshAxis, axis_names
+from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.compat.smp import _fsdp1_tp_optim as tp_optim
+from meshtrain_runtime.compat.smp import _torch_patches
+from meshtrain_runtime.mesh import root_over_groups
 from meshtrain_runtime.parallel.fsdp import data_parallel_mesh
 
 _FULL, _GRAD_OP = ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP
 _HYBRID, _HYBRID_ZERO2 = ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2
 _NO_SHARD = ShardingStrategy.NO_SHARD
-
-_original: dict[str, Callable[..., Any]] = {}
 
 
 def resolve_strategy(
@@ -62,7 +62,7 @@ def resolve_strategy(
 
 @dataclass(frozen=True)
 class CompatMeshes:
-    """Meshes of SMP's flow, over the runtime's ranks (rank = (rep * shard + s) * tp + t).
+    """Meshes of SMP's flow: the runtime's world mesh's groups (rank = (rep * shard + s) * tp + t).
 
     - ``fsdp1``: what FSDP1 gets (None: FSDP1 cannot run this layout, see `fsdp1_refusal`);
     - ``fsdp2``: what ``fully_shard`` without a mesh gets;
@@ -75,23 +75,19 @@ class CompatMeshes:
 
 
 def build_compat_meshes(st: runtime_state.RuntimeState) -> CompatMeshes:
-    """Build the meshes of `CompatMeshes` (collective: every rank calls it in ``tsm.init``)."""
-    rep, shard, tp, kind = st.replicate_degree, st.hybrid_shard_degree, st.tp_size, st.device.type
+    """The meshes of `CompatMeshes`, from the runtime's world mesh (creates no process group)."""
+    rep, shard, tp = st.replicate_degree, st.hybrid_shard_degree, st.tp_size
     replicate, shard_axis, tp_axis = MeshAxis.REPLICATE, MeshAxis.SHARD, MeshAxis.TP
     runtime_dp = st.mesh[replicate] if shard == 1 else data_parallel_mesh(st.mesh, rep)
     if tp > 1:
         if rep > 1:  # FSDP2 only: the runtime's 3-D mesh carries HSDP + TP
             return CompatMeshes(fsdp1=None, fsdp2=runtime_dp, tp=st.mesh[tp_axis])
-        root = init_device_mesh(kind, (shard, tp), mesh_dim_names=axis_names((shard_axis, tp_axis)))
+        root = root_over_groups(st.meshes.submesh(shard_axis, tp_axis))
         return CompatMeshes(fsdp1=root[shard_axis], fsdp2=root[shard_axis], tp=root[tp_axis])
-    if shard == 1:  # H1: no sharding; gradients all-reduced over the replicas
-        own = init_device_mesh(kind, (rep,), mesh_dim_names=axis_names((replicate,)))
-    elif rep == 1:
-        own = init_device_mesh(kind, (shard,), mesh_dim_names=axis_names((shard_axis,)))
-    else:
-        names = axis_names((replicate, shard_axis))
-        own = init_device_mesh(kind, (rep, shard), mesh_dim_names=names)
-    return CompatMeshes(fsdp1=own, fsdp2=runtime_dp, tp=None)
+    # H1 (shard 1): no sharding, gradients all-reduced over the replicas; else (replicate, shard)
+    axes = (replicate,) if shard == 1 else (shard_axis,) if rep == 1 else (replicate, shard_axis)
+    return CompatMeshes(fsdp1=root_over_groups(st.meshes.submesh(*axes)), fsdp2=runtime_dp,
+                        tp=None)
 
 
 def fsdp1_refusal(st: runtime_state.RuntimeState) -> str:
@@ -180,42 +176,23 @@ def _optim_state_dict_to_load(original: Callable[..., Any]) -> Callable[..., Any
     return optim_state_dict_to_load
 
 
-def _default_fully_shard_mesh() -> DeviceMesh:
-    return compat_meshes().fsdp2
-
-
 def install_fsdp_defaults() -> None:
-    """Build SMP's meshes; patch FSDP1's constructor and FSDP2's default mesh (idempotent)."""
-    from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp2
-
+    """Take SMP's meshes from the world mesh; patch FSDP1 and FSDP2's default mesh (idempotent)."""
     global _meshes
     _meshes = build_compat_meshes(runtime_state.current())
-    if "fsdp1" not in _original:
-        _original["fsdp1"] = FullyShardedDataParallel.__init__
-        FullyShardedDataParallel.__init__ = _fsdp1_init(_original["fsdp1"])
-    if "fsdp2" not in _original:
-        _original["fsdp2"] = fsdp2._init_default_mesh
-        fsdp2._init_default_mesh = _default_fully_shard_mesh
-    for name, wrap in (("optim_state_dict", _optim_state_dict),
-                       ("optim_state_dict_to_load", _optim_state_dict_to_load)):
-        if name not in _original:
-            _original[name] = getattr(FullyShardedDataParallel, name)
-            setattr(FullyShardedDataParallel, name, staticmethod(wrap(_original[name])))
+    _torch_patches.install(
+        fsdp1_init=_fsdp1_init,
+        optim_state_dict=_optim_state_dict,
+        optim_state_dict_to_load=_optim_state_dict_to_load,
+        fully_shard_mesh=_meshes.fsdp2,
+    )
 
 
 def remove_fsdp_defaults() -> None:
     """Undo `install_fsdp_defaults` (``tsm.state.reset()``)."""
-    from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp2
-
     global _meshes
     _meshes = None
-    if "fsdp1" in _original:
-        FullyShardedDataParallel.__init__ = _original.pop("fsdp1")
-    if "fsdp2" in _original:
-        fsdp2._init_default_mesh = _original.pop("fsdp2")
-    for name in ("optim_state_dict", "optim_state_dict_to_load"):
-        if name in _original:
-            setattr(FullyShardedDataParallel, name, staticmethod(_original.pop(name)))
+    _torch_patches.remove()
 
 
 __all__ = [

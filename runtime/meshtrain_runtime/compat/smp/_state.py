@@ -1,8 +1,9 @@
 """``tsm.state``: SMP v2's state object, read from meshtrain's RuntimeState.
 
-Rank layout (meshtrain's, which is SMP's): ``rank = (replicate * shard + shard_index) * tp +
-tp_rank``. SMP's "replication rank" is the replicate coordinate; a replication group holds the
-ranks with the same (shard, tp) coordinates, one per replica.
+Rank layout (meshtrain's one mesh, ``meshtrain.contract.mesh_axes``; SMP's without pipeline
+stages): ``rank = ((pp_rank * replicate + r) * shard + shard_index) * tp + tp_rank``. SMP's
+"replication rank" is the replicate coordinate; a replication group holds the ranks of one stage
+with the same (shard, tp) coordinates, one per replica. Every group is one of the world mesh's.
 """
 
 from __future__ import annotations
@@ -29,19 +30,22 @@ _ASSIGNABLE = frozenset({
 class Ranker:
     """``tsm.state.ranker``: replication ranks and groups of the current layout."""
 
-    def __init__(self, replicate_degree: int, replica_size: int) -> None:
+    def __init__(self, replicate_degree: int, replica_size: int, stages: int = 1) -> None:
         self.replicate_degree = replicate_degree
-        self.replica_size = replica_size  # shard x tp ranks: one full copy of the model
+        self.replica_size = replica_size  # shard x tp ranks: one full copy of one stage
+        self.stages = stages  # pipeline stages (outermost)
 
     def get_rep_rank(self, global_rank: int) -> int:
         """Which replica `global_rank` belongs to (0 .. replicate_degree - 1)."""
-        return global_rank // self.replica_size
+        return global_rank // self.replica_size % self.replicate_degree
 
     def get_rep_groups(self) -> list[list[int]]:
         """Lists of ranks holding the same shard, one rank per replica (for SM_LOCAL saves)."""
+        size, replicas = self.replica_size, self.replicate_degree
         return [
-            [index + replica * self.replica_size for replica in range(self.replicate_degree)]
-            for index in range(self.replica_size)
+            [first + index + replica * size for replica in range(replicas)]
+            for first in range(0, self.stages * replicas * size, replicas * size)
+            for index in range(size)
         ]
 
 
@@ -94,8 +98,6 @@ class SMPState:
         if runtime_state.is_initialized():
             runtime_state.reset()
         runtime_state.init(merged)
-        # CP is not built (cp_size is 1): its group is each rank alone; made here, collectively
-        object.__setattr__(self, "_cp_group", _self_group())
         object.__setattr__(self, "_initialised", True)
 
     def _is_initialised(self) -> bool:
@@ -202,9 +204,8 @@ class SMPState:
 
     @property
     def cp_process_group(self) -> dist.ProcessGroup:
-        """Context parallelism is not built: its group is this rank alone (cp_size is 1)."""
-        self._rt()
-        return self._cp_group
+        """The world mesh's ``cp`` group (this rank alone while context_parallel_degree is 1)."""
+        return self._rt().cp_process_group
 
     @property
     def rep_rank_process_group(self) -> dist.ProcessGroup:
@@ -213,7 +214,7 @@ class SMPState:
     @property
     def ranker(self) -> Ranker:
         st = self._rt()
-        return Ranker(st.replicate_degree, st.hybrid_shard_degree * st.tp_size)
+        return Ranker(st.replicate_degree, st.hybrid_shard_degree * st.tp_size, st.pp_size)
 
     # --- options ---
     @property
@@ -236,11 +237,6 @@ class SMPState:
             object.__setattr__(self, "_tracker", RNGStateTracker(seed))
         tracker = self._tracker
         return lambda: tracker
-
-
-def _self_group() -> dist.ProcessGroup:
-    group, _ = dist.new_subgroups_by_enumeration([[r] for r in range(dist.get_world_size())])
-    return group
 
 
 def _as_dict(config: Any) -> dict[str, Any]:

@@ -193,7 +193,22 @@ def state_fields(params: dict) -> dict:
         draw = torch.rand(1).item()
     return {**fields, **groups, "rep_rank": ranker.get_rep_rank(dist.get_rank()),
             "rep_groups": ranker.get_rep_groups(), "tracker_draw": draw,
-            "is_initialized": tsm.is_initialized()}
+            "is_initialized": tsm.is_initialized(),
+            "compat_groups_outside_world_mesh": compat_groups_outside_world_mesh()}
+
+
+def compat_groups_outside_world_mesh() -> list[str]:
+    """Process groups of SMP's FSDP1 / FSDP2 / TP meshes that the runtime's mesh lacks."""
+    from meshtrain_runtime import state as runtime_state
+    from meshtrain_runtime.compat.smp._fsdp import compat_meshes
+
+    world = runtime_state.current().meshes
+    own = {g.group_name for mesh in (world.layout, world.context, world.dp, world.replica)
+           for g in mesh.get_all_groups()}
+    compat = compat_meshes()
+    used = {g.group_name for mesh in (compat.fsdp1, compat.fsdp2, compat.tp)
+            if mesh is not None for g in mesh.get_all_groups()}
+    return sorted(used - own)
 
 
 def estimator_wins() -> dict:
