@@ -1,10 +1,11 @@
 """Hang diagnosis: `torch_distributed.hang_timeout` seconds without progress on a rank.
 
-Progress is an optimizer step (a global post-step hook, registered once the script has imported
-torch) or a call to :func:`progress`. The clock starts at a rank's first progress: importing,
-building the model, loading data and the first step (with its compile) take as long as they take
-(a hang before it meets torch's own collective timeout). When a rank then makes none for
-`hang_timeout` seconds, its
+Progress is anything a training loop completes: a collective of torch.distributed's Python API,
+a backward pass, an optimizer step (see progress_hooks.py; none needs torch.optim), or a call
+to :func:`progress`. Before a rank's first progress (start-up: importing, the rendezvous,
+building the model, loading data, the first collective and compile) it gets a separate, longer
+allowance: ``MESHTRAIN_STARTUP_TIMEOUT`` seconds if the job's environment sets it, else
+``max(600, 10 x hang_timeout)``. When a rank makes no progress for that long, its
 watchdog thread dumps every thread's Python stack into the rank's log and failure record and
 tells apart the two kinds of stuck rank:
 
@@ -29,8 +30,12 @@ import traceback
 from pathlib import Path
 
 from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, SM_CURRENT_HOST
+from meshtrain_runtime.host.progress_hooks import install as install_progress_hooks
 
 HANG_TIMEOUT_ENV = "MESHTRAIN_HANG_TIMEOUT"
+STARTUP_TIMEOUT_ENV = "MESHTRAIN_STARTUP_TIMEOUT"
+MIN_STARTUP_TIMEOUT = 600.0
+STARTUP_FACTOR = 10
 HANG_EXIT_CODE = 1
 WAITING_IN_COLLECTIVE = "waiting in a collective for a peer"
 """Marks a consequence in the failure record (meshtrain.contract.failures.SECONDARY_ERROR)."""
@@ -46,10 +51,14 @@ def in_collective(stack: traceback.StackSummary) -> bool:
 class HangWatchdog:
     """One rank's watchdog thread (start() it; call progress() on progress)."""
 
-    def __init__(self, timeout: float, *, main_thread: threading.Thread | None = None) -> None:
+    def __init__(self, timeout: float, *, startup_timeout: float | None = None,
+                 main_thread: threading.Thread | None = None) -> None:
         self.timeout = timeout
+        self.startup_timeout = (startup_timeout if startup_timeout is not None
+                                else default_startup_timeout(timeout))
         self.main = main_thread or threading.main_thread()
-        self.last: float | None = None  # armed by the first progress
+        self.started = time.monotonic()
+        self.last: float | None = None  # None: still starting up
         self._hooked = False
 
     def progress(self) -> None:
@@ -72,23 +81,29 @@ class HangWatchdog:
         while True:
             time.sleep(min(1.0, self.timeout / 10))
             self._hook_optimizers()
-            if self.last is not None and time.monotonic() - self.last >= self.timeout:
+            now = time.monotonic()
+            if self.last is None and now - self.started >= self.startup_timeout:
+                self.report(starting=True)
+                return
+            if self.last is not None and now - self.last >= self.timeout:
                 self.report()
                 return
 
-    def report(self) -> None:
+    def report(self, *, starting: bool = False) -> None:
         """Dump the stacks, record the failure, and end (or wait for the root cause)."""
         frames = sys._current_frames()
         main_stack = traceback.extract_stack(frames[self.main.ident]) if (
             self.main.ident in frames) else traceback.StackSummary()
         waiting = in_collective(main_stack)
         rank = os.environ.get("RANK", "0")
+        span = (f"no progress in the {self.startup_timeout:g} s start-up allowance (before its "
+                "first collective, backward pass or optimizer step)" if starting
+                else f"no progress for {self.timeout:g} s")
         if waiting:
-            message = (f"Hang: no progress for {self.timeout:g} s, {WAITING_IN_COLLECTIVE} "
-                       "(see the rank that is not)")
+            message = f"Hang: {span}, {WAITING_IN_COLLECTIVE} (see the rank that is not)"
         else:
-            message = (f"Hang: no progress for {self.timeout:g} s and not in a collective: the "
-                       "other ranks wait for this one")
+            message = (f"Hang: {span} and not in a collective: the other ranks wait for this "
+                       "one")
         detail = "".join(traceback.format_list(_user_frames(main_stack)))
         print(f"meshtrain: rank {rank}: {message}. Its stack:\n{detail}", file=sys.stderr,
               flush=True)
@@ -97,8 +112,9 @@ class HangWatchdog:
                 print(f"-- thread {thread_id}:\n{''.join(traceback.format_stack(frame))}",
                       file=sys.stderr, flush=True)
         _record(rank, message, f"Stack of rank {rank} (most recent call last):\n{detail}")
-        if waiting:
-            time.sleep(self.timeout)  # let the rank this one waits for report first
+        if waiting:  # let the rank this one waits for report first, even from its start-up
+            wake = max(time.monotonic(), self.started + self.startup_timeout) + self.timeout
+            time.sleep(max(0.0, wake - time.monotonic()))
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(HANG_EXIT_CODE)
@@ -125,15 +141,24 @@ def _record(rank: str, message: str, detail: str) -> None:
         print(f"meshtrain: could not record the hang report: {error}", file=sys.stderr)
 
 
+def default_startup_timeout(hang_timeout: float) -> float:
+    """The start-up allowance when the job's environment does not set one."""
+    return max(MIN_STARTUP_TIMEOUT, STARTUP_FACTOR * hang_timeout)
+
+
 _watchdog: HangWatchdog | None = None
 
 
 def start_from_env() -> HangWatchdog | None:
-    """Start this rank's watchdog if the job set a hang timeout (rank_entry calls this)."""
+    """Start this rank's watchdog if the job set a hang timeout (rank_entry calls this), and
+    count completed collectives and backward passes as its progress."""
     global _watchdog
     value = os.environ.get(HANG_TIMEOUT_ENV)
     if value and _watchdog is None:
-        _watchdog = HangWatchdog(float(value)).start()
+        startup = os.environ.get(STARTUP_TIMEOUT_ENV)
+        _watchdog = HangWatchdog(float(value),
+                                 startup_timeout=float(startup) if startup else None).start()
+        install_progress_hooks(_watchdog.progress)
     return _watchdog
 
 

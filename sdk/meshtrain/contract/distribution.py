@@ -139,8 +139,9 @@ class TorchDistributed(_Strict):
     SIGTERM and this long to save and exit before SIGKILL (SageMaker's figure, 120 s). Local
     jobs honour it."""
     hang_timeout: int | None = Field(None, ge=1)
-    """meshtrain extension: seconds without progress (an optimizer step) after which every
-    rank dumps its stack and the job fails naming the rank the others wait for."""
+    """meshtrain extension: seconds without progress (a completed collective, backward pass or
+    optimizer step; start-up has its own allowance, docs/local-jobs.md) after which every rank
+    dumps its stack and the job fails naming the rank the others wait for."""
 
 
 class ModelParallel(_Strict):

@@ -81,3 +81,60 @@ def test_hang_timeout_travels_as_a_framework_parameter():
     _, framework, user = hp.split_hyperparameters(encoded)
     assert hp.HANG_TIMEOUT in framework and not user  # never a script argument
     assert DistributionConfig.from_dict(hp.decode_distribution(framework, user)) == config
+
+
+STARTUP_PROBE = textwrap.dedent("""
+    import os, time
+    from meshtrain_runtime.host import watchdog
+    os.environ["MESHTRAIN_HANG_TIMEOUT"] = "0.5"
+    os.environ["MESHTRAIN_STARTUP_TIMEOUT"] = "1"
+    watchdog.start_from_env()
+    time.sleep(30)  # stuck before the first progress
+""")
+
+
+def test_the_start_up_allowance_ends_a_rank_that_never_makes_progress(tmp_path):
+    done = run_probe(tmp_path, STARTUP_PROBE)
+    assert done.returncode == 1
+    record = json.loads((tmp_path / "rank-1.json").read_text())
+    assert record["message"].startswith("Hang: no progress in the 1 s start-up allowance")
+    assert "time.sleep(30)" in record["traceback"]
+
+
+def test_the_default_start_up_allowance_is_longer_than_the_hang_timeout():
+    from meshtrain_runtime.host.watchdog import default_startup_timeout
+
+    assert default_startup_timeout(30) == 600  # docs/local-jobs.md: max(600 s, 10 x timeout)
+    assert default_startup_timeout(120) == 1200
+
+
+# A loop without torch.optim: backward passes, then collectives, each followed by a pause
+# longer than the hang timeout in total but shorter per step. Were either not progress, the
+# report would point at a pause inside the loop instead of the stuck line.
+PROGRESS_PROBE = textwrap.dedent("""
+    import os, tempfile, time
+    from meshtrain_runtime.host import watchdog
+    os.environ["MESHTRAIN_HANG_TIMEOUT"] = "1"
+    os.environ["MESHTRAIN_STARTUP_TIMEOUT"] = "60"
+    watchdog.start_from_env()
+    import torch  # imported after the watchdog started, as in a job
+    import torch.distributed as dist
+    watchdog.progress()  # armed: from here on the 1 s timeout counts
+    weight = torch.ones(3, requires_grad=True)
+    for _ in range(6):
+        (weight * 2).sum().backward()
+        time.sleep(0.4)  # pause after a backward pass
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0,
+                            world_size=1)
+    for _ in range(6):
+        dist.all_reduce(weight.grad)
+        time.sleep(0.4)  # pause after a collective
+    time.sleep(30)  # the stuck line
+""")
+
+
+def test_backward_passes_and_collectives_are_progress(tmp_path):
+    done = run_probe(tmp_path, PROGRESS_PROBE)
+    assert done.returncode == 1, done.stderr
+    record = json.loads((tmp_path / "rank-1.json").read_text())
+    assert "time.sleep(30)" in record["traceback"], record["traceback"]
