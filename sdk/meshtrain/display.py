@@ -5,7 +5,8 @@ On a terminal a live line (spinner, status, progress, elapsed time) stays under 
 host's lines have a colour of their own. Anywhere else (CI, files, notebooks without widgets) the
 output is plain lines without control characters: the log as it is, plus a progress line
 (``[meshtrain] job-name: step 40/100 · loss 2.31 · ETA 0:01:12``) at most every
-`PLAIN_PROGRESS_SECONDS` and once at the end.
+`PLAIN_PROGRESS_SECONDS` and once at the end. Both fold tracebacks and C++/torchrun noise
+(log_folding.py): a failing job reads in a few lines; the job's log keeps every line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from meshtrain.log_folding import LogFolder
 from meshtrain.progress import ProgressTracker
 
 HOST_STYLES = ("cyan", "green", "magenta", "yellow", "blue", "red")
@@ -56,8 +58,10 @@ class PlainDisplay:
     def __init__(self, job_name: str, tracker: ProgressTracker, *,
                  write: Callable[[str], object] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 every: float = PLAIN_PROGRESS_SECONDS) -> None:
+                 every: float = PLAIN_PROGRESS_SECONDS,
+                 folder: LogFolder | None = None) -> None:
         self.job_name, self.tracker, self.clock, self.every = job_name, tracker, clock, every
+        self.folder = folder or LogFolder(job_name)
         self._write = write or sys.stdout.write
         self._printed: str | None = None
         self._printed_at = clock()
@@ -67,7 +71,8 @@ class PlainDisplay:
         sys.stdout.flush()
 
     def log(self, text: str, host: int | None = None) -> None:
-        self.line(text)
+        for shown in self.folder.feed(text):
+            self.line(shown)
         if self.tracker.feed(text) and self.clock() - self._printed_at >= self.every:
             self._print_progress()
 
@@ -82,6 +87,8 @@ class PlainDisplay:
         self._printed_at = self.clock()
 
     def close(self) -> None:
+        for shown in self.folder.flush():
+            self.line(shown)
         self._print_progress(final=True)
 
 
@@ -90,6 +97,7 @@ class LiveDisplay:
 
     def __init__(self, console: Console, job_name: str, tracker: ProgressTracker) -> None:
         self.console, self.job_name, self.tracker = console, job_name, tracker
+        self.folder = LogFolder(job_name)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
                                  TimeElapsedColumn(), console=console, transient=True)
         self._status = "starting"
@@ -111,7 +119,8 @@ class LiveDisplay:
 
     def log(self, text: str, host: int | None = None) -> None:
         style = HOST_STYLES[(host - 1) % len(HOST_STYLES)] if host else ""
-        self.console.print(Text(text, style=style), soft_wrap=True)
+        for shown in self.folder.feed(text):
+            self.console.print(Text(shown, style=style), soft_wrap=True)
         if self.tracker.feed(text):
             self._refresh()
 
@@ -121,6 +130,8 @@ class LiveDisplay:
 
     def close(self) -> None:
         self.progress.stop()
+        for shown in self.folder.flush():
+            self.line(shown)
         if self.tracker.step is not None:
             self.line(f"[meshtrain] {self.job_name}: {final_summary(self.tracker)}")
 

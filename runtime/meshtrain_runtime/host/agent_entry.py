@@ -9,8 +9,11 @@ instead of ``python -m torch.distributed.run``. Arguments and behaviour are torc
   SIGKILL leaves no traceback of its own, so only its agent can say what happened to it;
 - when the job is stopped, the agent gets SIGTERM, ends its workers and raises
   ``SignalException`` out of torchrun's ``main()``, whose 30-line traceback reads like a crash.
-  That one exception becomes a one-line note and the conventional exit code (128 + signal).
-  Every other error keeps its traceback.
+  That one exception becomes a one-line note and the conventional exit code (128 + signal);
+- when workers fail, torchrun's ``ChildFailedError`` traceback and its failure banner (30-40
+  lines per host, none of them the cause: the ranks' own tracebacks are in the log) become one
+  line naming the failed ranks, and exit code 1.
+Every other error keeps its traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR
+from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_RANK_ERROR_DIR
 from meshtrain_runtime.host.lifeline import die_with_parent
 
 AGENT_FAILURES = "agent-failures.json"
@@ -38,6 +41,14 @@ def failures_of(error: Any) -> list[dict[str, Any]]:
                         "exitcode": failure.exitcode, "time": float(failure.timestamp),
                         "message": message})
     return records
+
+
+def failed_ranks_line(records: list[dict[str, Any]]) -> str:
+    """One line for torchrun's failure banner: which ranks failed and how."""
+    parts = [f"rank {r['rank']} (exit code {r['exitcode']})" for r in records]
+    job = os.environ.get(MESHTRAIN_JOB_NAME) or "JOB"
+    return (f"{', '.join(parts) or 'a worker'} failed; each rank's own output is in the job "
+            f"log (meshtrain logs {job} --rank N)")
 
 
 def record_failures(records: list[dict[str, Any]], error_dir: str | None) -> None:
@@ -60,8 +71,10 @@ def main() -> None:
     try:
         torchrun_main(sys.argv[1:])
     except ChildFailedError as error:
-        record_failures(failures_of(error), os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
-        raise
+        records = failures_of(error)
+        record_failures(records, os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
+        print(f"meshtrain: torchrun: {failed_ranks_line(records)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except SignalException as stop:
         number = int(stop.sigval)
         print(f"meshtrain: torchrun stopped by {signal.Signals(number).name}; its workers "
