@@ -26,3 +26,33 @@ def test_only_the_named_modules_view_warning_is_silenced():
         warnings.warn("FSDPEmbedding did something else", UserWarning, stacklevel=1)
     assert [str(w.message)[:40] for w in caught] == [VIEW.format("FSDPLinear")[:40],
                                                      "FSDPEmbedding did something else"]
+
+
+# Issue 35: transformers imports torchao whenever it is installed; on every rank of every HF job
+# torchao 0.18 printed "Failed to load ..._C_mxfp8..." and torch 2.13 its Enum deprecation.
+HF_SCRIPT = """
+from transformers import LlamaConfig, LlamaForCausalLM
+LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=4, vocab_size=64))
+import logging
+logging.getLogger("torchao").warning("Failed to build something else")  # still shown
+print("built")
+"""
+
+
+def test_a_rank_building_an_hf_model_prints_no_torchao_import_noise(tmp_path):
+    import subprocess
+    import sys
+
+    from ci_guards import import_or_skip
+
+    import_or_skip("torchao")  # the noise needs torchao installed (the dev and fp8 extras)
+    script = tmp_path / "build_llama.py"
+    script.write_text(HF_SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "meshtrain_runtime.host.rank_entry",
+                           str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "built" in done.stdout
+    assert "Failed to load" not in done.stderr, done.stderr
+    assert "Enum subclass" not in done.stderr, done.stderr
+    assert "Failed to build something else" in done.stderr  # the filter is narrow

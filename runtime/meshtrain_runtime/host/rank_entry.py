@@ -99,9 +99,11 @@ def run_entry_point(script: str, args: list[str]) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         from meshtrain_runtime.compat import install_for_rank
+        from meshtrain_runtime.host.import_noise import quiet_torchao_import
         from meshtrain_runtime.host.watchdog import start_from_env
         from meshtrain_runtime.stopping import install as watch_for_stop
 
+        quiet_torchao_import()  # transformers imports torchao: see host/import_noise.py
         watch_for_stop()  # SIGTERM -> meshtrain_runtime.stop_requested() (docs/local-jobs.md)
         start_from_env()  # torch_distributed.hang_timeout (docs/local-jobs.md)
         install_for_rank()  # `import torch.sagemaker` for SMP jobs (docs/smp-compat.md)

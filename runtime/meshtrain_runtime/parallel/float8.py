@@ -77,6 +77,9 @@ def apply_float8(model: nn.Module, blocks: Sequence[nn.Module], *,
             f"none ({len(blocks)} block(s) found). Set fp8=False, or pass the blocks that hold "
             "the model's linear layers with transform(model, blocks=...)."
         )
+    from meshtrain_runtime.host.import_noise import quiet_torchao_import
+
+    quiet_torchao_import()  # a script run outside a job: see host/import_noise.py
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     chosen = set(names)
