@@ -10,6 +10,7 @@ hand.
 Layout of a checkpoint root (default ``$SM_CHECKPOINT_DIR``, else /opt/ml/checkpoints)::
 
     <root>/step_00000002/.metadata, __0_0.distcp, ...   (DCP files)
+    <root>/step_00000002/config.json                    (an HF model's config, for export)
     <root>/step_00000002/meshtrain-checkpoint.json      (written last: the save completed)
 
 Only a directory with the marker counts: rank 0 writes it after every rank finished writing
@@ -92,9 +93,11 @@ def save_checkpoint(
     - `keep_last`: once this save completes, delete all but the newest `keep_last` completed
       ``step_<n>`` directories under `path` (and interrupted ones older than this step).
 
-    Returns the directory written (sync), or the pending save. Saving again into a completed
-    directory first removes its marker, so a crash mid-save never leaves an old marker over new,
-    partial files.
+    A model with a Hugging Face ``config`` gets its ``config.json`` beside the files, so that
+    ``meshtrain export CHECKPOINT --hf OUT`` (``meshtrain_runtime.export.export_to_hf``)
+    needs nothing else. Returns the directory written (sync), or the pending save. Saving again
+    into a completed directory first removes its marker, so a crash mid-save never leaves an old
+    marker over new, partial files.
     """
     wait_for_pending_save()
     target = _resolve_save_dir(path, step)
@@ -104,6 +107,7 @@ def save_checkpoint(
     if rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
         (target / MARKER_NAME).unlink(missing_ok=True)
+        _keep_hf_config(model, target)
     barrier()
     save_rng_states(target, rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
@@ -263,6 +267,13 @@ def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
 
 
 # --- helpers ---
+
+
+def _keep_hf_config(model: nn.Module, target: Path) -> None:
+    """config.json of an HF model beside its checkpoint (the export reads it)."""
+    config = getattr(model, "config", None)
+    if config is not None and callable(getattr(config, "to_json_file", None)):
+        config.to_json_file(str(target / "config.json"))
 
 
 def _training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:

@@ -47,11 +47,11 @@ def _write_full(state: dict[str, torch.Tensor], target: Path, config: Any) -> Pa
         target.mkdir(parents=True, exist_ok=True)
         if config is not None and hasattr(config, "save_pretrained"):
             config.save_pretrained(target)
-        target = target / ("model.safetensors" if _has_safetensors() else "pytorch_model.bin")
+        target = target / ("model.safetensors" if has_safetensors() else "pytorch_model.bin")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tensors = _unshared(state)
+    tensors = unshared_tensors(state)
     if target.suffix == ".safetensors":
-        if not _has_safetensors():
+        if not has_safetensors():
             raise ConfigError(f"{target} asks for safetensors, which is not installed: "
                               "`pip install safetensors` or use a .bin / .pt file name.")
         from safetensors.torch import save_file
@@ -62,7 +62,7 @@ def _write_full(state: dict[str, torch.Tensor], target: Path, config: Any) -> Pa
     return target
 
 
-def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unshared_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous tensors, tied weights copied apart (safetensors refuses shared storage)."""
     seen: set[int] = set()
     out = {}
@@ -74,7 +74,7 @@ def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _has_safetensors() -> bool:
+def has_safetensors() -> bool:
     try:
         import safetensors.torch  # noqa: F401
     except ImportError:

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshtrain.cli_export import register_export
 from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
 from meshtrain.contract.errors import ConfigError, JobFailedError
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_plan(sub)
     _add_k8s(sub)
     register_image(sub)
+    register_export(sub)
     return parser
 
 
