@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notebook_cells import JOB_OUTPUT
+from notebook_cells import FIND_EXAMPLES, JOB_OUTPUT
 
 PLANNING = [
     ("md", """
@@ -27,7 +27,7 @@ from meshtrain.plan import Training, build_cluster, plan_layouts, resolve_model
 from meshtrain.plan.cli import plan_main
 from meshtrain.plan.layouts import smallest_fitting_count
 from meshtrain.plan.report import distribution_for, plan_to_dict
-
+''' + FIND_EXAMPLES + '''
 INSTANCE = "ml.p4d.24xlarge"
 TRAINING = Training(seq_len=4096, micro_batch=1, precision="bf16")   # torch's default AdamW
 GIB = 2**30
@@ -155,7 +155,7 @@ cannot fit, naming one that would. `check_fits()` is that step on its own (no AW
     ("code", '''
 def estimator(count, distribution):
     """The Estimator of the 70B run (the Llama example's script); nothing is launched."""
-    return Estimator(entry_point="train.py", source_dir=str(Path.cwd().parent / "llama_tp_hsdp"),
+    return Estimator(entry_point="train.py", source_dir=str(EXAMPLES / "llama_tp_hsdp"),
                      instance_type=INSTANCE, instance_count=count, distribution=distribution,
                      plan_model="llama2-70b")
 
@@ -199,13 +199,15 @@ changes the instance type and adds a role and an image. This notebook
 
 **AWS access**: boto3's usual chain (profile, SSO, environment, instance role) and region.
 `AWS_ENDPOINT_URL` sends every request elsewhere: **leave it unset for real AWS**. meshtrain's
-tests set it to a local moto server, which accepts the request and completes the job at once
-without running anything. Also set `SAGEMAKER_ROLE` (an IAM role SageMaker can assume) and
-`MESHTRAIN_IMAGE_URI` (meshtrain's image from `containers/`, pushed to your account's ECR, or an
-AWS PyTorch training image).
+tests set it to a local moto server, which accepts the request and marks the job completed at
+once without running anything: the checks at the end read back what the request sent (the
+hyperparameters, the image, the instances, the uploaded code), not the job's status. Also set
+`SAGEMAKER_ROLE` (an IAM role SageMaker can assume) and `MESHTRAIN_IMAGE_URI` (meshtrain's image
+from `containers/`, pushed to your account's ECR, or an AWS PyTorch training image).
 """),
     ("md", "## 1. Setup"),
     ("code", '''
+import io
 import json
 import os
 import tarfile
@@ -285,15 +287,33 @@ job.wait()
 print("status:", job.status)
 print("model:", estimator.model_data)
 '''),
-    ("md", "## 5. Check the results"),
+    ("md", """
+## 5. Check the results
+
+What SageMaker received, read back from `DescribeTrainingJob`: the image, the instances, the
+hyperparameters with the distribution as the SageMaker Python SDK encodes it (JSON-encoded
+values), and the code archive uploaded to S3 with the script in it. (A job's status and model
+path say little here: moto marks every job completed and derives the path from the request.)
+"""),
     ("code", '''
 assert local_losses[-1] < 0.8 * local_losses[0], "the local try-out did not learn"
+assert description["AlgorithmSpecification"]["TrainingImage"] == image
+assert description["RoleArn"] == role
 assert description["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge"
 assert description["ResourceConfig"]["InstanceCount"] == 2
-assert description["HyperParameters"]["mp_parameters"] == '{"hybrid_shard_degree": 4}'
-assert job.status == "Completed"
-assert estimator.model_data == (description["OutputDataConfig"]["S3OutputPath"].rstrip("/")
-                                + f"/{job.name}/output/model.tar.gz")
-print(f"local loss {local_losses[0]:.3f} -> {local_losses[-1]:.3f}; job {job.name} completed")
+sent = description["HyperParameters"]
+assert sent["steps"] == "12"
+assert sent["sagemaker_program"] == '"train.py"'
+assert sent["sagemaker_instance_type"] == '"ml.g5.12xlarge"'
+assert json.loads(sent["sagemaker_job_name"]) == job.name
+assert sent["sagemaker_torch_distributed_enabled"] == "true"
+assert sent["sagemaker_distributed_dataparallel_enabled"] == "false"
+assert json.loads(sent["mp_parameters"]) == {"hybrid_shard_degree": 4}
+bucket, key = json.loads(sent["sagemaker_submit_directory"]).removeprefix("s3://").split("/", 1)
+archive = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    assert "train.py" in tar.getnames()
+print(f"local loss {local_losses[0]:.3f} -> {local_losses[-1]:.3f}; job {job.name} sent as "
+      f"{len(sent)} hyperparameters, code in s3://{bucket}/{key}")
 '''),
 ]
