@@ -1,13 +1,39 @@
 """Cells of the quickstart and resume notebooks: lists of ("md" | "code", source).
 
-make_notebooks.py writes them as .ipynb files. Every notebook runs from this directory (Jupyter
-starts the kernel in the notebook's folder), so the examples are at ``Path.cwd().parent``.
+make_notebooks.py writes them as .ipynb files. Jupyter starts the kernel in the notebook's
+folder, so in a clone the examples are at ``Path.cwd().parent``; a notebook copied elsewhere
+finds them with ``examples_folder()`` (FIND_EXAMPLES) instead of failing on a relative path.
 """
 
 from __future__ import annotations
 
-JOB_OUTPUT = '''
-EXAMPLES = Path.cwd().parent
+FIND_EXAMPLES = '''
+
+def examples_folder():
+    """meshtrain's examples/: beside this notebook's folder in a clone, else above the working
+    directory, in the clone meshtrain is installed from (pip install -e), or $MESHTRAIN_EXAMPLES:
+    a notebook copied elsewhere still finds the scripts it runs."""
+    import os
+
+    import meshtrain
+
+    here = Path.cwd().resolve()
+    given = os.environ.get("MESHTRAIN_EXAMPLES")
+    candidates = [Path(given)] if given else []
+    candidates += [here.parent, *(folder / "examples" for folder in (here, *here.parents)),
+                   Path(meshtrain.__file__).resolve().parents[2] / "examples"]
+    for folder in candidates:
+        if (folder / "quickstart" / "train.py").is_file():
+            return folder
+    raise FileNotFoundError(
+        f"meshtrain's examples/ folder is neither beside nor above {here}, nor in the clone "
+        "meshtrain is installed from: set MESHTRAIN_EXAMPLES=/path/to/meshtrain/examples")
+
+
+EXAMPLES = examples_folder()
+'''
+
+JOB_OUTPUT = FIND_EXAMPLES + '''
 
 
 def job_output(estimator, name="losses.json"):
@@ -144,6 +170,7 @@ reference.
     ("md", "## 1. Setup"),
     ("code", '''
 import json
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -179,7 +206,8 @@ def run_job(name, hosts, processes, parameters, steps, checkpoints):
     return job_output(estimator)
 
 
-shared = Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-"))
+scratch = Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-"))  # removed by the last cell
+shared = scratch / "shared"
 print("shared checkpoint directory:", shared)
 '''),
     ("md", "## 3. Job 1: tensor parallelism on 2 hosts, stop after 6 steps"),
@@ -196,7 +224,7 @@ print(job2["layout"], "resumed from step", job2["resumed_from"])
     ("md", "## 5. Reference: one process, 12 steps without stopping"),
     ("code", '''
 reference = run_job("resume-reference", 1, 1, {}, steps=12,
-                    checkpoints=Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-ref-")))
+                    checkpoints=scratch / "reference")
 '''),
     ("md", """
 ## 6. The loss curves
@@ -237,5 +265,9 @@ assert job2["resumed_from"] == 6
 assert max(gaps) < 1e-4, gaps
 assert resumed[-1] < 0.6 * resumed[0], "the loss did not go down"
 print(f"loss {resumed[0]:.3f} -> {resumed[-1]:.3f}; largest gap to the reference {max(gaps):.1e}")
+'''),
+    ("md", "## 8. Clean up: the checkpoints were for this demo only"),
+    ("code", '''
+shutil.rmtree(scratch)
 '''),
 ]

@@ -35,6 +35,7 @@ crashes, with `torch_distributed.max_restarts=1`.)
     ("code", '''
 import json
 import re
+import shutil
 import tarfile
 import tempfile
 import time
@@ -69,7 +70,7 @@ def estimator(name, checkpoints=None, step_seconds=0.0):
     )
 
 
-checkpoints = Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-"))
+checkpoints = Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-"))  # removed by the last cell
 print("checkpoint folder of the stopped and resumed jobs:", checkpoints)
 '''),
     ("md", "## 3. The uninterrupted reference"),
@@ -147,5 +148,9 @@ assert max(gaps) <= 1e-5, gaps  # the same seed and data: the uninterrupted run'
 assert resumed["train:loss"][-1] < 0.8 * reference["train:loss"][0], "the loss did not fall"
 print(f"stopped after step {stopped['stopped_at']}, resumed at {resumed['steps'][0]}; "
       f"largest gap to the uninterrupted run {max(gaps):.1e}")
+'''),
+    ("md", "## 8. Clean up: the checkpoints were for this demo only"),
+    ("code", '''
+shutil.rmtree(checkpoints)
 '''),
 ]

@@ -54,13 +54,17 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true",
                         help="also train all steps in one process without stopping")
     args = parser.parse_args()
-    checkpoints = (args.checkpoint_dir or Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-")))
-    checkpoints = checkpoints.resolve()
-    print(f"Checkpoints in {checkpoints}")
-    run("tp2-2hosts", HALF, checkpoints)   # saves step_00000006
-    run("fsdp-1host", TOTAL, checkpoints)  # resumes from it on another layout
-    if args.reference:
-        run("one-process", TOTAL, Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-ref-")))
+    # without --checkpoint-dir: a temporary folder, removed at the end (even after a failure)
+    with tempfile.TemporaryDirectory(prefix="meshtrain-ckpt-") as scratch:
+        checkpoints = (args.checkpoint_dir or Path(scratch) / "shared").resolve()
+        print(f"Checkpoints in {checkpoints}"
+              + ("" if args.checkpoint_dir else " (removed at the end; --checkpoint-dir keeps "
+                                                "them)"))
+        run("tp2-2hosts", HALF, checkpoints)   # saves step_00000006
+        run("fsdp-1host", TOTAL, checkpoints)  # resumes from it on another layout
+        print("Checkpoint steps: " + ", ".join(sorted(p.name for p in checkpoints.iterdir())))
+        if args.reference:
+            run("one-process", TOTAL, Path(scratch) / "reference")
 
 
 if __name__ == "__main__":

@@ -48,10 +48,16 @@ def main() -> None:
                         help="shared checkpoint directory (default: a new temporary one)")
     parser.add_argument("--tensor-parallel-degree", type=int, default=2, choices=[1, 2])
     args = parser.parse_args()
-    checkpoints = (args.checkpoint_dir or Path(tempfile.mkdtemp(prefix="smp-v2-ckpt-"))).resolve()
-    print(f"Checkpoints in {checkpoints}")
-    run(args.tensor_parallel_degree, checkpoints)
-    run(args.tensor_parallel_degree, checkpoints, resume_from=SAVE_AT)
+    # without --checkpoint-dir: a temporary folder, removed at the end (even after a failure)
+    with tempfile.TemporaryDirectory(prefix="smp-v2-ckpt-") as scratch:
+        checkpoints = (args.checkpoint_dir or Path(scratch)).resolve()
+        print(f"Checkpoints in {checkpoints}"
+              + ("" if args.checkpoint_dir else " (removed at the end; --checkpoint-dir keeps "
+                                                "them)"))
+        run(args.tensor_parallel_degree, checkpoints)
+        run(args.tensor_parallel_degree, checkpoints, resume_from=SAVE_AT)
+        print("Checkpoint folders: " + ", ".join(
+            sorted(str(p.relative_to(checkpoints)) for p in checkpoints.glob("*/*"))))
 
 
 if __name__ == "__main__":

@@ -111,10 +111,17 @@ def main() -> None:
                         help="checkpoint folder of jobs 2 and 3 (default: a new temporary one)")
     parser.add_argument("--no-restart", action="store_true", help="skip job 4")
     args = parser.parse_args()
-    checkpoints = (args.checkpoint_dir or Path(tempfile.mkdtemp(prefix="meshtrain-ckpt-")))
-    checkpoints = checkpoints.resolve()
-    print(f"Checkpoints of the stopped and resumed jobs in {checkpoints}")
+    # without --checkpoint-dir: a temporary folder, removed at the end (even after a failure)
+    with tempfile.TemporaryDirectory(prefix="meshtrain-ckpt-") as scratch:
+        checkpoints = (args.checkpoint_dir or Path(scratch)).resolve()
+        print(f"Checkpoints of the stopped and resumed jobs in {checkpoints}"
+              + ("" if args.checkpoint_dir else " (removed at the end; --checkpoint-dir keeps "
+                                                "them)"))
+        run_jobs(checkpoints, restart=not args.no_restart)
 
+
+def run_jobs(checkpoints: Path, *, restart: bool) -> None:
+    """Jobs 1-4 (see the module docstring), then their losses compared."""
     uninterrupted = estimator("uninterrupted").fit(logs=False)
     report("1 uninterrupted", uninterrupted)
     stopped = stop_mid_training(checkpoints)
@@ -125,7 +132,7 @@ def main() -> None:
     reference = losses_of(uninterrupted)
     compare("stopped", losses_of(stopped), reference)
     compare("resumed", losses_of(resumed), reference)
-    if not args.no_restart:
+    if restart:
         restarted = estimator("restarted", max_restarts=1, **{"fail-at-step": FAIL_AT}).fit(
             logs=False)
         report("4 restarted", restarted)
