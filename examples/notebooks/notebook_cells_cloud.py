@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notebook_cells import JOB_OUTPUT
+from notebook_cells import FIND_EXAMPLES, JOB_OUTPUT
 
 PLANNING = [
     ("md", """
@@ -27,7 +27,7 @@ from meshtrain.plan import Training, build_cluster, plan_layouts, resolve_model
 from meshtrain.plan.cli import plan_main
 from meshtrain.plan.layouts import smallest_fitting_count
 from meshtrain.plan.report import distribution_for, plan_to_dict
-
+''' + FIND_EXAMPLES + '''
 INSTANCE = "ml.p4d.24xlarge"
 TRAINING = Training(seq_len=4096, micro_batch=1, precision="bf16")   # torch's default AdamW
 GIB = 2**30
@@ -155,7 +155,7 @@ cannot fit, naming one that would. `check_fits()` is that step on its own (no AW
     ("code", '''
 def estimator(count, distribution):
     """The Estimator of the 70B run (the Llama example's script); nothing is launched."""
-    return Estimator(entry_point="train.py", source_dir=str(Path.cwd().parent / "llama_tp_hsdp"),
+    return Estimator(entry_point="train.py", source_dir=str(EXAMPLES / "llama_tp_hsdp"),
                      instance_type=INSTANCE, instance_count=count, distribution=distribution,
                      plan_model="llama2-70b")
 

@@ -112,9 +112,13 @@ def test_sagemaker_notebook_against_moto(aws, home, monkeypatch):
 @pytest.mark.e2e
 @pytest.mark.multiprocess
 def test_resume_notebook(home):
-    check_ran(execute("resume_other_layout"), "resume_other_layout")
+    notebook = execute("resume_other_layout")
+    check_ran(notebook, "resume_other_layout")
     assert len(list((home / "jobs").iterdir())) == 3
-    assert len(list(home.glob("meshtrain-ckpt-*/step_*"))) == 4  # 6 and 12, and the reference's
+    printed = "".join(output.get("text", "") for cell in notebook.cells
+                      if cell.cell_type == "code" for output in cell.outputs)
+    assert "['step_00000006']" in printed  # job 1 saved step 6 in the shared folder
+    assert list(home.glob("meshtrain-ckpt-*")) == []  # the last cell removed the checkpoints
 
 
 @pytest.mark.e2e
@@ -124,3 +128,4 @@ def test_stop_and_resume_notebook(home):
     statuses = sorted(json.loads((job / "status.json").read_text())["TrainingJobStatus"]
                       for job in (home / "jobs").iterdir())
     assert statuses == ["Completed", "Completed", "Stopped"]
+    assert list(home.glob("meshtrain-ckpt-*")) == []  # the last cell removed the checkpoints
