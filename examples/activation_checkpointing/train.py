@@ -88,9 +88,7 @@ def main() -> None:
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        total = loss.detach().reshape(1).clone()
-        torch.distributed.all_reduce(total)
-        losses.append(float(total) / state.world_size)
+        losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
         log_metric("train:loss", losses[-1], step=step)
 
     if stats is not None:

@@ -65,7 +65,7 @@ def main() -> None:
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        value = mean_over_data_parallel(loss, state)
+        value = meshtrain_runtime.global_mean(loss)  # tp ranks hold equal values
         losses.append(value)
         log_metric("train:loss", value, step=step)
 
@@ -74,13 +74,6 @@ def main() -> None:
         out = Path(os.environ.get("SM_OUTPUT_DATA_DIR", "."))
         (out / "losses.json").write_text(json.dumps({"train:loss": losses}))
         print(f"final loss {losses[-1]:.4f}", flush=True)
-
-
-def mean_over_data_parallel(loss: torch.Tensor, state) -> float:
-    """The global batch's loss: the mean over all ranks (tp ranks hold the same value)."""
-    value = loss.detach().reshape(1).clone()
-    torch.distributed.all_reduce(value)
-    return float(value) / state.world_size
 
 
 if __name__ == "__main__":

@@ -39,13 +39,6 @@ def global_batch(step: int, rows: int, seq_len: int) -> torch.Tensor:
     return (start + torch.arange(seq_len)) % VOCAB
 
 
-def global_mean(value: torch.Tensor, world_size: int) -> float:
-    """Mean over all ranks (under EP every rank is a data-parallel rank)."""
-    total = value.detach().reshape(1).clone()
-    torch.distributed.all_reduce(total)
-    return float(total) / world_size
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
@@ -75,7 +68,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         # aux_loss is already the global batch's value (the same on every rank)
-        values = {"train:loss": global_mean(out.loss, state.world_size),
+        values = {"train:loss": meshtrain_runtime.global_mean(out.loss),
                   "train:aux_loss": float(out.aux_loss.detach())}
         for name, value in values.items():
             history[name].append(value)

@@ -80,9 +80,7 @@ def main() -> None:
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        total = loss.detach().reshape(1).clone()
-        torch.distributed.all_reduce(total)  # the global batch's loss: mean over the ranks
-        losses.append(float(total) / state.world_size)
+        losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
         log_metric("train:loss", losses[-1], step=step)  # a SageMaker metric line
         if state.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             print(f"step {step} loss {losses[-1]:.4f}", flush=True)

@@ -76,10 +76,8 @@ def main() -> None:
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        total = loss.detach().reshape(1).clone()
-        torch.distributed.all_reduce(total)
         steps.append(step)
-        losses.append(float(total) / state.world_size)  # tp ranks hold equal values
+        losses.append(meshtrain_runtime.global_mean(loss))  # tp ranks hold equal values
         log_metric("train:loss", losses[-1], step=step)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             path = meshtrain_runtime.save_checkpoint(None, model, optimizer, step=step + 1,

@@ -123,10 +123,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        total = loss.detach().reshape(1).clone()
-        torch.distributed.all_reduce(total)
         steps.append(step)
-        losses.append(float(total) / state.world_size)
+        losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
         log_metric("train:loss", losses[-1], step=step)
         die_once(step, args.fail_at_step, state)
         stopping = meshtrain_runtime.stop_requested()  # a collective: the same on every rank

@@ -10,6 +10,7 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
 - ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
 - ``stop_requested()`` — meshtrain_runtime.stopping (a stop every rank agrees on)
+- ``global_mean(loss)`` — meshtrain_runtime.metrics (a loss averaged over every rank)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from meshtrain_runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from meshtrain_runtime.data import build_sampler, shard_dataset
     from meshtrain_runtime.grad import clip_grad_norm_, grad_scaler
+    from meshtrain_runtime.metrics import global_mean
     from meshtrain_runtime.parallelize import transform
     from meshtrain_runtime.state import init, is_initialized, reset
     from meshtrain_runtime.stopping import stop_requested
@@ -43,11 +45,13 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load_checkpoint": ("meshtrain_runtime.checkpoint", "load_checkpoint"),
     "latest_checkpoint": ("meshtrain_runtime.checkpoint", "latest_checkpoint"),
     "stop_requested": ("meshtrain_runtime.stopping", "stop_requested"),
+    "global_mean": ("meshtrain_runtime.metrics", "global_mean"),
 }
 
 __all__ = [
     "build_sampler",
     "clip_grad_norm_",
+    "global_mean",
     "grad_scaler",
     "init",
     "is_initialized",

@@ -21,6 +21,7 @@ import argparse
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -79,7 +80,10 @@ def read_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     if not state:
         raise ConfigError(f"{checkpoint} holds no model tensors; was it written by "
                           "meshtrain_runtime.save_checkpoint?")
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # one process without a process group is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable",
+                                category=UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return {key[len(MODEL_PREFIX):]: tensor for key, tensor in state.items()}
 
 

@@ -9,7 +9,8 @@
     [meshtrain metric] train:cuda_memory_gib=... step=10 / train:cpu_rss_gib=...
 
 and any further keyword as ``train:<name>``. ``log_metric(name, value, step)`` prints one line of
-any name. The line format is :mod:`meshtrain.contract.metrics`; SageMaker jobs get matching
+any name. A loss is each rank's own: ``log(loss=global_mean(loss))`` logs the global batch's.
+The line format is :mod:`meshtrain.contract.metrics`; SageMaker jobs get matching
 MetricDefinitions from the Estimator. When the `tensorboard` package is installed (and the script
 uses torch), rank 0 also writes every value as a TensorBoard scalar into
 ``/opt/ml/output/tensorboard`` (SageMaker's TensorBoardOutputConfig default). Importing this
@@ -80,6 +81,30 @@ def log_metrics(step: int | None = None, **values: float) -> None:
     """`log_metric` for each keyword, e.g. ``log_metrics(loss=0.25, lr=1e-4, step=10)``."""
     _print_lines([format_metric_line(name, value, step) for name, value in values.items()])
     _write_scalars({name: float(value) for name, value in values.items()}, step)
+
+
+def global_mean(value: Any) -> float:
+    """The mean of a scalar (a tensor or a number) over every rank, as a float; call it on
+    every rank (it is one all-reduce).
+
+    Data-parallel ranks hold the losses of their own batches and tensor-parallel ranks hold
+    copies of their group's, so with equal batches per rank this is the global batch's loss:
+    ``meshtrain_runtime.metrics.log(step=step, loss=global_mean(loss))``. Without a process
+    group (one process) it is the value itself.
+    """
+    import torch
+    import torch.distributed as dist
+
+    tensor = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    if hasattr(tensor, "full_tensor"):  # a DTensor loss (loss_parallel)
+        tensor = tensor.full_tensor()
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return float(tensor)
+    total = tensor.to(torch.float64).reshape(1).clone()
+    if dist.get_backend() == "nccl":
+        total = total.cuda()
+    dist.all_reduce(total)
+    return float(total) / dist.get_world_size()
 
 
 class MetricsLogger:

@@ -4,13 +4,16 @@ Two torchrun launches share one checkpoint root: 4 ranks train two AdamW steps a
 hybrid 2x2 (2 replicas x shard 2; once synchronously, once asynchronously while a third step
 trains), tp 2 x shard 2, and a Mixtral on ep 2; 2 ranks load each into full sharding (ep 1) and
 train two more steps, save tp=2 (which also exports the full state dict) and a Mixtral on ep 1,
-and resume that on ep 2. This process loads checkpoints into a single rank. Every continued run
+and resume that on ep 2. This process loads checkpoints into a single rank, and `meshtrain export`
+turns the tp 2 x hybrid_shard_degree 2 and the ep 2 checkpoints into HF folders that
+from_pretrained loads with the trained logits. Every continued run
 must match the single-process run of all four steps (same seed, same global batch) within 1e-5
 in float32.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ WORKERS = Path(__file__).parent / "workers"
 sys.path.insert(0, str(WORKERS))
 import ckpt_support as support  # noqa: E402
 
+from meshtrain.contract.errors import ConfigError  # noqa: E402
 from meshtrain_runtime.checkpoint import MARKER_NAME  # noqa: E402
 
 TOLERANCE = 1e-5  # float32 loss, as every parity test here
@@ -124,3 +128,60 @@ def test_export_from_tp2_is_the_hf_state_dict(launches):
     for name, tensor in weights.items():
         assert tensor.shape == reference[name].shape, name
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=TOLERANCE)
+
+
+# --- meshtrain export: a checkpoint of any layout to a Hugging Face folder (issue 35.9) ------
+
+
+def meshtrain_export(*args: str) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it (the client starts the runtime's exporter itself)."""
+    return subprocess.run([sys.executable, "-m", "meshtrain.cli", "export", *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("case, model_class", [
+    ("save_tp2_hybrid2", "LlamaForCausalLM"),  # tp 2 x hybrid_shard_degree 2, 4 ranks
+    ("save_ep2", "MixtralForCausalLM"),  # experts split over 2 ranks: HF's fused layout
+])
+def test_meshtrain_export_gives_from_pretrained_the_trained_logits(launches, tmp_path, case,
+                                                                   model_class):
+    import transformers
+
+    record = _case(launches, case)
+    if case == "save_tp2_hybrid2":
+        assert (record["tp_size"], record["shard"], record["dp_size"]) == (2, 2, 2)
+    assert (Path(record["saved"]) / "config.json").is_file()  # kept by save_checkpoint
+    out = tmp_path / "hf"
+    done = meshtrain_export(str(Path(record["saved"]).parent), "--hf", str(out))  # newest step
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    model = getattr(transformers, model_class).from_pretrained(out)
+    with torch.no_grad():
+        logits = model(input_ids=support.probe_ids(), use_cache=False).logits
+    torch.testing.assert_close(logits, torch.load(record["logits"]), rtol=0, atol=TOLERANCE)
+
+
+def test_an_export_without_a_config_needs_one(launches, tmp_path):
+    import shutil
+
+    from meshtrain.cli_export import MARKER_NAME as CLIENT_MARKER
+    from meshtrain_runtime.export import export_to_hf
+
+    assert CLIENT_MARKER == MARKER_NAME  # the client checks the folder without the runtime
+    saved = Path(_case(launches, "save_tp2_hybrid2")["saved"])
+    bare = tmp_path / "bare"
+    shutil.copytree(saved, bare)
+    (bare / "config.json").unlink()
+    out = tmp_path / "hf"
+    refused = meshtrain_export(str(bare), "--hf", str(out))
+    assert refused.returncode == 2
+    assert "has no config.json" in refused.stderr and "Pass --config" in refused.stderr
+    assert not out.exists()  # refused before the exporter ran
+    with pytest.raises(ConfigError, match=r"Pass --config config\.json"):
+        export_to_hf(bare, out)  # the Python function says the same
+    with pytest.raises(ConfigError, match="holds no completed meshtrain checkpoint"):
+        export_to_hf(tmp_path, out)
+    # in this process, without a process group: the config given explicitly
+    assert export_to_hf(bare, out, config=saved / "config.json") == out
+    assert (out / "config.json").read_text() == (saved / "config.json").read_text()
+    assert (out / "model.safetensors").is_file()

@@ -115,3 +115,16 @@ def test_device_names_map_to_the_peak_table():
     assert gpu_spec_for_device("NVIDIA A100-SXM4-40GB").peak_tflops == 312.0
     assert gpu_spec_for_device("NVIDIA L40") is None  # not L4, not L40S
     assert gpu_spec_for_device("NVIDIA GeForce RTX 4090") is None
+
+
+def test_global_mean_of_one_process_is_the_value_itself():
+    """Across ranks it is checked by every parity test of tests/runtime/test_checkpoint_*.py
+    (their workers' losses are meshtrain_runtime.global_mean, compared with one process)."""
+    import torch
+
+    import meshtrain_runtime
+    from meshtrain_runtime.metrics import global_mean
+
+    assert meshtrain_runtime.global_mean is global_mean
+    assert global_mean(torch.tensor(2.5, requires_grad=True) * 2) == 5.0
+    assert global_mean(0.25) == 0.25

@@ -2,8 +2,9 @@
 
 Usage (through tests/runtime/conftest.py's run_torchrun): ``ckpt_save.py ROOT``. Writes
 ``ROOT/<case>/step_00000002`` for hybrid 2x2, hybrid 2x2 saved asynchronously (while a third
-step trains), tp 2 x shard 2, and a Mixtral with ep 2; rank 0 reports the losses before the save
-and the directory. The 2-rank worker ckpt_load.py and the in-process test load them on other
+step trains), tp 2 x shard 2, a Mixtral with ep 2 and tp 2 x hybrid_shard_degree 2 (the last two
+also save their logits, for the export test); rank 0 reports the losses before the save and the
+directory. The 2-rank worker ckpt_load.py and the in-process test load them on other
 layouts.
 """
 
@@ -30,7 +31,9 @@ def main() -> None:
         ("save_tp2_shard2", lambda: _with_layout(
             support.train_and_save(support.TP2_SHARD2, root / "tp2_shard2"))),
         ("save_ep2", lambda: _with_layout(
-            support.train_and_save(support.EP2, root / "ep2", kind="mixtral"))),
+            support.train_and_save(support.EP2, root / "ep2", kind="mixtral", logits=True))),
+        ("save_tp2_hybrid2", lambda: _with_layout(
+            support.train_and_save(support.TP2_HYBRID2, root / "tp2_hybrid2", logits=True))),
     ])
     mr.reset()
 

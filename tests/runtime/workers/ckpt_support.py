@@ -29,6 +29,7 @@ HYBRID_2X2 = {"hybrid_shard_degree": 2}  # 4 ranks: 2 replicas x shard 2
 TP2 = {"tensor_parallel_degree": 2}  # 2 ranks: tensor parallelism alone (no FSDP)
 FULL_SHARD: dict[str, Any] = {}  # every rank in one sharding group
 TP2_SHARD2 = {"tensor_parallel_degree": 2}  # 4 ranks: tp 2 x shard 2 (the largest shard degree)
+TP2_HYBRID2 = {"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}  # 4 ranks (issue 35.9)
 EP2 = {"expert_parallel_degree": 2}  # experts split over 2 ranks, carved out of the shard group
 
 
@@ -56,11 +57,8 @@ def local_rows(batch: torch.Tensor) -> torch.Tensor:
 
 
 def mean_over_dp(loss: torch.Tensor) -> float:
-    value = loss.detach().to(torch.float64).reshape(1).clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value)
-        return float(value.item()) / dist.get_world_size()
-    return float(value.item())
+    """The global batch's loss, by the runtime's helper: every parity test here checks it."""
+    return mr.global_mean(loss)
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> list[float]:
@@ -84,12 +82,19 @@ def start(params: dict[str, Any], kind: str = "llama") -> tuple[nn.Module, torch
     return model, torch.optim.AdamW(model.parameters(), lr=LR)
 
 
+def probe_ids() -> torch.Tensor:
+    """A fixed batch whose logits compare a trained model with its exported copy."""
+    generator = torch.Generator().manual_seed(7)
+    return torch.randint(0, VOCAB, (2, SEQ), generator=generator)
+
+
 def train_and_save(params: dict[str, Any], root: Path, kind: str = "llama",
-                   async_: bool = False) -> dict[str, Any]:
+                   async_: bool = False, logits: bool = False) -> dict[str, Any]:
     """Layout A: STEPS_BEFORE steps, then save_checkpoint(step=STEPS_BEFORE).
 
     With `async_`, the save runs in the background while one more step trains (and changes the
-    weights): the checkpoint must still hold the state of step STEPS_BEFORE.
+    weights): the checkpoint must still hold the state of step STEPS_BEFORE. With `logits`,
+    rank 0 also saves the saved model's logits on `probe_ids()` (``<root>/logits.pt``).
     """
     model, optimizer = start(params, kind)
     losses = train(model, optimizer, range(STEPS_BEFORE))
@@ -98,7 +103,14 @@ def train_and_save(params: dict[str, Any], root: Path, kind: str = "llama",
     if async_:
         train(model, optimizer, range(STEPS_BEFORE, STEPS_BEFORE + 1))
         saved = saved.wait()
-    return {"losses": losses, "saved": str(saved)}
+    record = {"losses": losses, "saved": str(saved)}
+    if logits:
+        with torch.no_grad():
+            out = model(input_ids=probe_ids(), use_cache=False).logits
+        if dist.get_rank() == 0:
+            torch.save(out.detach().clone(), root / "logits.pt")
+        record["logits"] = str(root / "logits.pt")
+    return record
 
 
 def load_and_continue(params: dict[str, Any], path: Path, kind: str = "llama") -> dict[str, Any]:
