@@ -37,8 +37,10 @@ def host_index(line: str) -> int | None:
 
 
 def final_summary(tracker: ProgressTracker) -> str:
-    """The progress once the job has ended (or stopped being watched): no ETA."""
-    return dataclasses.replace(tracker.progress(), eta_seconds=None).summary()
+    """The progress once the job has ended (or stopped being watched): no ETA, and how long it
+    ran (from when the client began to follow it: for fit(), the job's start)."""
+    return dataclasses.replace(tracker.progress(), eta_seconds=None,
+                               elapsed_seconds=tracker.elapsed_seconds()).summary()
 
 
 class JobDisplay(Protocol):
@@ -81,7 +83,7 @@ class PlainDisplay:
 
     def _print_progress(self, final: bool = False) -> None:
         summary = final_summary(self.tracker) if final else self.tracker.progress().summary()
-        if self.tracker.step is not None and summary != self._printed:
+        if (final or self.tracker.step is not None) and summary != self._printed:
             self.line(f"[meshtrain] {self.job_name}: {summary}")
             self._printed = summary
         self._printed_at = self.clock()
@@ -132,8 +134,7 @@ class LiveDisplay:
         self.progress.stop()
         for shown in self.folder.flush():
             self.line(shown)
-        if self.tracker.step is not None:
-            self.line(f"[meshtrain] {self.job_name}: {final_summary(self.tracker)}")
+        self.line(f"[meshtrain] {self.job_name}: {final_summary(self.tracker)}")
 
 
 def make_display(job_name: str, *, console: Console | None = None,

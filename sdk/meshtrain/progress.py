@@ -33,11 +33,15 @@ class Progress:
     tokens_per_sec: float | None = None
     mfu: float | None = None
     eta_seconds: float | None = None
+    elapsed_seconds: float | None = None
+    """Set once the job has ended: how long it ran (shown as ``ran H:MM:SS``)."""
 
     def summary(self) -> str:
         """One plain line, e.g. ``step 40/100 · loss 2.3100 · 1,234 tokens/s · ETA 0:01:12``."""
+        ran = ([f"ran {format_duration(self.elapsed_seconds)}"]
+               if self.elapsed_seconds is not None else [])
         if self.step is None:
-            return "no step reported yet"
+            return " · ".join(ran) or "no step reported yet"
         parts = [f"step {self.step}/{self.total_steps}" if self.total_steps else
                  f"step {self.step}"]
         if self.loss is not None:
@@ -48,7 +52,7 @@ class Progress:
             parts.append(f"MFU {self.mfu:.1%}")
         if self.eta_seconds is not None:
             parts.append(f"ETA {format_duration(self.eta_seconds)}")
-        return " · ".join(parts)
+        return " · ".join(parts + ran)
 
 
 def format_duration(seconds: float) -> str:
@@ -78,6 +82,7 @@ class ProgressTracker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.total_steps = total_steps
         self.clock = clock
+        self.started = clock()  # when the client began to follow the job
         self.step: int | None = None
         self.values: dict[str, float] = {}
         self._first: tuple[int, float] | None = None  # (step, time) of the first step seen
@@ -103,6 +108,10 @@ class ProgressTracker:
         self._latest = (step, now)
         if self._first is None:
             self._first = (step, now)
+
+    def elapsed_seconds(self) -> float:
+        """Seconds since the client began to follow the job (fit(): since it started)."""
+        return self.clock() - self.started
 
     def steps_per_second(self) -> float | None:
         """The pace between the first and the latest step seen (None until two were)."""

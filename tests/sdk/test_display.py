@@ -38,25 +38,28 @@ def test_plain_display_passes_the_log_and_adds_progress_lines_at_most_every_inte
     assert out.getvalue().splitlines()[-1] == (
         "[meshtrain] job-1: step 3/10 · loss 1.5000 · ETA 0:01:49")  # 7 steps at 15.5 s each
     display.status("InProgress")  # plain output: status comes through the backend's lines
-    display.close()  # the final line: the job has ended, so no ETA
+    display.close()  # the final line: the job has ended, so no ETA but how long it ran
     text = out.getvalue()
-    assert text.splitlines()[-1] == "[meshtrain] job-1: step 3/10 · loss 1.5000"
+    assert text.splitlines()[-1] == "[meshtrain] job-1: step 3/10 · loss 1.5000 · ran 0:00:31"
     display.close()
     assert out.getvalue() == text  # the same summary is never printed twice in a row
     assert "\x1b" not in text
 
 
-def test_plain_display_prints_a_final_progress_line_and_nothing_without_steps():
-    out = io.StringIO()
-    display = PlainDisplay("job-2", ProgressTracker(), write=out.write)
+def test_plain_display_ends_with_the_progress_and_the_time_the_job_ran():
+    clock, out = Clock(), io.StringIO()
+    display = PlainDisplay("job-2", ProgressTracker(clock=clock), write=out.write, clock=clock)
     display.log(metric("train:loss", 0.5, 4))
+    clock.now = 3725.0
     display.close()
-    assert out.getvalue().splitlines()[-1] == "[meshtrain] job-2: step 4 · loss 0.5000"
-    silent = io.StringIO()
-    quiet = PlainDisplay("job-3", ProgressTracker(), write=silent.write)
+    last = out.getvalue().splitlines()[-1]
+    assert last == "[meshtrain] job-2: step 4 · loss 0.5000 · ran 1:02:05"
+    silent, clock = io.StringIO(), Clock()
+    quiet = PlainDisplay("job-3", ProgressTracker(clock=clock), write=silent.write, clock=clock)
     quiet.log("no metrics here")
-    quiet.close()
-    assert silent.getvalue() == "no metrics here\n"
+    clock.now = 42.0
+    quiet.close()  # issue 35: a job without metric lines still says how long it ran
+    assert silent.getvalue() == "no metrics here\n[meshtrain] job-3: ran 0:00:42\n"
 
 
 def test_live_display_draws_status_and_progress_on_a_terminal():
@@ -70,7 +73,7 @@ def test_live_display_draws_status_and_progress_on_a_terminal():
     text = screen.getvalue()
     assert "live-job: InProgress · step 40/100 · loss 2.2500" in text
     assert "\x1b[" in text
-    assert text.rstrip().endswith("[meshtrain] live-job: step 40/100 · loss 2.2500")
+    assert "[meshtrain] live-job: step 40/100 · loss 2.2500 · ran 0:00:0" in text
 
 
 def test_make_display_is_plain_off_a_terminal():
