@@ -18,7 +18,9 @@ this file asks the planner for the same cases and compares:
   optimizer step (``PhaseMemoryMeter``: torch's profiler memory events on CPU) of a second step
   of every model-state case and of a forward and backward of the activation cases (FSDP, tp 2,
   tp 2 with sequence parallelism, with and without checkpointing) vs `phase_memory` for CPU
-  ranks: within 10 % (wider where PHASE_BOUNDS says why), on the rank that measured least.
+  ranks, on every rank: at most 10 % below the plan (20 % where LOW_BOUNDS says why) and at
+  most 10 % above it plus the collective buffers the plan does not count, each term named and
+  sized in `_in_flight` (gloo's late-freed copies, DTensor's tp collective outputs).
 
 docs/planner.md ("Calibration") has the table these tests produce.
 """
@@ -50,17 +52,16 @@ WORKER = Path(__file__).parent / "workers" / "calib_launch.py"
 STATE_BOUND = 0.02
 ACTIVATION_BOUND = 0.10
 COMM_BOUND = 0.01
+# What the plan models (states, activations, gathered parameters, gradients, the step's buffer)
+# it sizes within 2 % (states) and 1-10 % (activations, the tests above); 10 % either way covers
+# the allocator's and autograd's small temporaries the meter also sees.
 PHASE_BOUND = 0.10
-# Wider, and why: tensor parallelism without FSDP (tp 2 alone) keeps DTensor's collective
-# outputs and gloo's copies of them in flight, which the plan does not count (forward measured
-# up to 29 % above it, backward within 15 %; with 2 ranks a late gloo copy can hit both, so the
-# loss and the step vary by up to 22 % and 12 % between runs); AdamW on the expert-parallel
-# Mixtral measured 23 % above the plan (its Shard(1) expert shards are strided views).
-_TP_ALONE = {"forward": 0.35, "loss": 0.25, "backward": 0.20, "optimizer_step": 0.15}
-PHASE_BOUNDS: dict[str, dict[str, float]] = {
-    "tp2": _TP_ALONE,
-    "tp2_sp": _TP_ALONE,
-    "ep2_shard4": {"optimizer_step": 0.25},
+# Lower, and why: tp's backward frees the attention's all-reduce output before the MLP's is
+# made, while the plan books one block's gradients of both at once (measured 10-12 % below on
+# both ranks of tp 2 and tp 2 with sequence parallelism, every run).
+LOW_BOUNDS: dict[str, dict[str, float]] = {
+    "tp2": {"backward": 0.20},
+    "tp2_sp": {"backward": 0.20},
 }
 STATE_CASES = {
     2: ["full_shard_2", "tp2", "full_shard_2_keep"],
@@ -256,14 +257,6 @@ def planned_phases_above_start(record: dict[str, Any]) -> dict[str, float]:
             - phase.terms["optimizer_states"] for phase in phases}
 
 
-def _lowest_rank(records: list[dict[str, Any]], phase: str) -> int:
-    """The phase's figure of the rank that measured least. gloo's worker threads free their
-    copy of an all-gather's or reduce-scatter's buffer after the op has returned, so on some
-    ranks (a different set each run) one such copy is still counted when the next phase
-    starts; NCCL on a GPU makes no copy. Ranks of these layouts plan the same figure."""
-    return min(record["phases"][phase] for record in records)
-
-
 def _late_gloo_copy(record: dict[str, Any]) -> int:
     """One block's fp32 reduce-scatter buffer: the largest copy gloo may free late. With 2
     ranks both can measure it (seen once in 4 runs: +180 kB on both ranks of a backward)."""
@@ -271,17 +264,51 @@ def _late_gloo_copy(record: dict[str, Any]) -> int:
     return 4 * fsdp_groups(spec, degrees).block_total
 
 
+def _in_flight(record: dict[str, Any]) -> float:
+    """Bytes a rank may still hold when a phase's peak is read that the plan does not count
+    (CPU ranks only: NCCL on a GPU makes no copy and frees on its stream), term by term. gloo's
+    worker threads free their copy of a collective's buffer after the op has returned, on some
+    ranks (a different set each run, more under load) only after the next phase began; at worst
+    the copies of every block's collectives are still there (these models have 2 blocks):
+
+    - FSDP, per block: its fp32 reduce-scatter buffer (`_late_gloo_copy`); hybrid sharding adds
+      the replica group's all-reduce of the same gradients (one more; measured 1.98 copies on
+      one rank of 4 in an optimizer step at load 20-40); bf16 mixed precision the bf16 copy
+      of the block's gradients (half a copy; measured 1.08). None with tp alone (no FSDP).
+      Measured at load 15-19: 1.16 copies on one rank of full shard over 2 and over 4.
+    - tp, per block: DTensor's outputs of its collectives and gloo's copies of them, an
+      activation of micro_batch x seq x hidden fp32 each (a unit): the two all-reduces
+      (attention, MLP), output and copy, 4 units (measured 3.0 on both ranks of a forward,
+      every run); with sequence parallelism two all-gathers (1 unit each, output and copy) and
+      two reduce-scatters (1/2 unit each), 6 units (measured up to 7.6 above the 10 % in a
+      backward at load 15-19: more than one block's).
+    """
+    spec, degrees = _spec_and_degrees(record)
+    blocks = fsdp_groups(spec, degrees).num_blocks
+    uses_fsdp = (degrees.tensor_parallel_degree == 1 or degrees.data_parallel_degree > 1
+                 or _precision(record) != "fp32")
+    copies = 0.0
+    if uses_fsdp:
+        copies = 1.0 + (degrees.replicate_degree > 1) + 0.5 * (_precision(record) != "fp32")
+    units = 0
+    if degrees.tensor_parallel_degree > 1:
+        units = 6 if record["params"].get("sequence_parallel", False) else 4
+    unit = 4 * record["micro_batch"] * record["seq_len"] * spec.hidden_size
+    return blocks * (copies * _late_gloo_copy(record) + units * unit)
+
+
 def _check_phases(records: list[dict[str, Any]], phases: tuple[str, ...],
-                  bounds: dict[str, float] | None = None) -> None:
-    """Each phase within its bound of the plan, on the rank that measured least; above the
-    plan by at most one late-freed gloo copy more."""
-    planned = planned_phases_above_start(records[0])
-    late = _late_gloo_copy(records[0])
-    for phase in phases:
-        measured = _lowest_rank(records, phase)
-        bound = (bounds or {}).get(phase, PHASE_BOUND)
-        low, high = planned[phase] * (1 - bound), planned[phase] * (1 + bound)
-        assert low <= measured <= high + late, (phase, measured, planned)
+                  low_bounds: dict[str, float] | None = None) -> None:
+    """Every rank's phases: at most PHASE_BOUND (or its low bound) below its plan, at most
+    PHASE_BOUND above it plus what `_in_flight` names."""
+    for record in records:
+        planned = planned_phases_above_start(record)
+        extra = _in_flight(record)
+        for phase in phases:
+            measured = record["phases"][phase]
+            low = planned[phase] * (1 - (low_bounds or {}).get(phase, PHASE_BOUND))
+            high = planned[phase] * (1 + PHASE_BOUND) + extra
+            assert low <= measured <= high, (record["rank"], phase, measured, low, high)
 
 
 @pytest.mark.parametrize(("world", "case"),
@@ -290,7 +317,7 @@ def test_phase_peaks_model_state_cases(request, world: int, case: str) -> None:
     """Full shard (fp32 and bf16), hybrid, tp alone, tp x shard and ep: every phase of a
     second step (AdamW's states exist, gradients were set to None) against the plan."""
     records = select(request.getfixturevalue(f"run{world}"), world, case=case)
-    _check_phases(records, PHASES, PHASE_BOUNDS.get(case))
+    _check_phases(records, PHASES, LOW_BOUNDS.get(case))
 
 
 def test_kept_gathered_parameters_measured(run2) -> None:
@@ -299,8 +326,10 @@ def test_kept_gathered_parameters_measured(run2) -> None:
     212,992 B) plus the head's unsharded parameters and flat all-gather buffer (2 x 32,768 B):
     the meter's forward ends in the head's forward pre-hook, after FSDP2's own has gathered the
     head (the plan books that moment to the loss phase; with the default layout the last
-    block's moment is larger, so it does not show). Within 5 %; the blocks' and the
-    embedding's all-gathers run once."""
+    block's moment is larger, so it does not show). Within 5 % on every rank (its two cases'
+    forwards measured 0.95 and 8.67 activation units above their plans, the same on both
+    ranks in both runs measured: no late gloo copy was alive in a forward); the blocks' and
+    the embedding's all-gathers run once."""
     keep = select(run2, 2, case="full_shard_2_keep")
     default = select(run2, 2, case="full_shard_2")
     spec, degrees = _spec_and_degrees(keep[0])
@@ -309,8 +338,10 @@ def test_kept_gathered_parameters_measured(run2) -> None:
             - planned_phases_above_start(default[0])["forward"])
     assert kept == 4 * (groups.embedding + groups.block_total)
     planned = kept + 2 * 4 * groups.head
-    measured = _lowest_rank(keep, "forward") - _lowest_rank(default, "forward")
-    assert abs(measured / planned - 1) < 0.05, (measured, planned)
+    for kept_rank, default_rank in zip(sorted(keep, key=lambda r: r["rank"]),
+                                       sorted(default, key=lambda r: r["rank"]), strict=True):
+        measured = kept_rank["phases"]["forward"] - default_rank["phases"]["forward"]
+        assert abs(measured / planned - 1) < 0.05, (kept_rank["rank"], measured, planned)
     gathers = [sum(n for key, n in r["collectives"]["payload_bytes"].items()
                    if key.endswith("/all_gather")) for r in (keep[0], default[0])]
     assert gathers[0] < gathers[1]
@@ -323,6 +354,6 @@ def test_phase_peaks_with_and_without_checkpointing(run2, layout, seq_len, check
     activation checkpointing: forward, loss and backward (no optimizer in these cases)."""
     records = select(run2, 2, case="activations", layout=layout, seq_len=seq_len,
                      checkpointing=checkpointing)
-    _check_phases(records, PHASES[:3], PHASE_BOUNDS.get(layout))
+    _check_phases(records, PHASES[:3], LOW_BOUNDS.get(layout))
 
 
