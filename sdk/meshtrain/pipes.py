@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -16,21 +18,38 @@ from typing import Any, TextIO
 
 def _same_file(fd: int, identity: tuple[int, int]) -> bool:
     with contextlib.suppress(OSError):
-        stat = os.fstat(fd)
-        return (stat.st_dev, stat.st_ino) == identity
+        status = os.fstat(fd)
+        return (status.st_dev, status.st_ino) == identity
+    return False
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether `fd` is a pipe or socket whose reading end has closed (poll reports an error)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
     return False
 
 
 def send_closed_pipes_to_devnull(stream: TextIO | None = None) -> None:
-    """Point the descriptor behind `stream` (default stdout), and stdout/stderr when they are the
-    same pipe (`2>&1 |`), at /dev/null, so later writes and the flush at exit succeed quietly."""
-    stream = stream if stream is not None else sys.__stdout__
+    """Point the descriptor behind `stream`, and stdout/stderr when they are the same pipe
+    (`2>&1 |`), at /dev/null, so later writes and the flush at exit succeed quietly. Without
+    `stream`: whichever of stdout and stderr is a pipe whose reader has gone."""
+    if stream is None:
+        for standard in (sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                if _reader_gone(standard.fileno()):
+                    send_closed_pipes_to_devnull(standard)
+        return
     try:
         fd = stream.fileno()
-        stat = os.fstat(fd)
+        status = os.fstat(fd)
     except (AttributeError, OSError, ValueError):  # no descriptor (a notebook's stream)
         return
-    identity = (stat.st_dev, stat.st_ino)
+    identity = (status.st_dev, status.st_ino)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for target in sorted({fd, 1, 2}):
