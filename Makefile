@@ -3,7 +3,7 @@
 PYTHON ?= python
 BENCH_MACHINE ?= unnamed machine
 
-.PHONY: bench bench-smoke bench-compile bench-gpu
+.PHONY: bench bench-smoke bench-compile bench-gpu gpu-check gpu-check-smoke gpu-check-bundle
 
 bench:
 	$(PYTHON) benchmarks/run_all.py --machine "$(BENCH_MACHINE)"
@@ -18,3 +18,19 @@ bench-compile:
 # issue 20's table on one CUDA GPU (transform() vs hand-written, compile, fused AdamW, offloading)
 bench-gpu:
 	$(PYTHON) benchmarks/gpu_throughput.py --json benchmarks/results/gpu.json
+
+# Every GPU check in one command (< 6 min on an H100): the gpu test tier, the planner against
+# the GPU's phase peaks, the fair throughput table, a local_gpu job; see docs/testing.md
+GPU_CHECK_OUT ?= benchmarks/results
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py --out "$(GPU_CHECK_OUT)" $(GPU_CHECK_ARGS)
+
+# the same on CPU with tiny shapes (CI runs it: tests/benchmarks/test_gpu_check.py)
+GPU_CHECK_SMOKE_OUT ?= /tmp/meshtrain-gpu-check-smoke
+gpu-check-smoke:
+	$(PYTHON) benchmarks/gpu_check.py --smoke --out "$(GPU_CHECK_SMOKE_OUT)" $(GPU_CHECK_ARGS)
+
+# what a lent GPU machine lacks, into .gpu-bundle/ (carried by the device call)
+gpu-check-bundle:
+	PYTHON=$(PYTHON) bash benchmarks/gpu_check_bundle.sh

@@ -1,0 +1,139 @@
+"""`make gpu-check-smoke` in CI: benchmarks/gpu_check.py on CPU with tiny shapes.
+
+The smoke run checks the script that a session lent a GPU will run (its sections, its report,
+its exit status) and the numerical checks of the `gpu` tier whose arithmetic also runs on CPU.
+It fails when a section of the report is missing or empty, or when one of those checks fails;
+both failures are shown here on purpose-made inputs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+CPU_CASES = {  # the gpu tier's cases that run on CPU in the smoke run
+    "test_bf16_mixed_precision_tracks_fp32", "test_checkpointing_matches_eager",
+    "test_activation_offloading_moves_the_inputs_and_matches", "test_fused_adamw_matches_foreach",
+    "test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf",
+    "test_grouped_expert_matmuls_match_a_dense_reference[dtype0]",
+    "test_grouped_expert_matmuls_match_a_dense_reference[dtype1]",
+}
+CUDA_ONLY = {"test_cpu_offload_matches_the_device_run", "test_compile_matches_eager",
+             "test_fp8_linears_track_bf16"}
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _smoke(out: Path, *extra: str, env: dict[str, str] | None = None):
+    return subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    done = _smoke(out)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (report_file,) = out.glob("gpu-cpu-*.json")
+    assert report_file.with_suffix(".md").exists()
+    return {"stdout": done.stdout, "report": json.loads(report_file.read_text()),
+            "markdown": report_file.with_suffix(".md").read_text()}
+
+
+def test_smoke_report_has_every_section(smoke: dict[str, Any]) -> None:
+    report_format = _module("gpu_check_report")
+    report = smoke["report"]
+    assert report_format.problems(report) == []
+    assert report["device"] == "cpu" and report["smoke"] is True
+    statuses = {name: s["status"] for name, s in report["sections"].items()}
+    assert statuses == {"pytest": "passed", "planner": "passed", "throughput": "passed",
+                        "docker": "skipped"}
+    assert "needs a GPU" in report["sections"]["docker"]["reason"]
+    assert any("needs >= 2 GPUs" in row["reason"] for row in report["multi_rank"])
+    assert "| pytest | passed |" in smoke["stdout"]  # the summary table
+    assert "## planner: passed" in smoke["markdown"]
+
+
+def test_smoke_runs_the_cpu_numerics_and_skips_only_cuda_paths(smoke: dict[str, Any]) -> None:
+    tests = {t["test"].split("::")[-1]: t for t in smoke["report"]["sections"]["pytest"]["tests"]}
+    assert {name for name, t in tests.items() if t["outcome"] == "passed"} == CPU_CASES
+    assert {name for name, t in tests.items() if t["outcome"] == "skipped"} == CUDA_ONLY
+    assert all(tests[name]["reason"].startswith("needs a GPU") for name in CUDA_ONLY)
+    figures = tests["test_activation_offloading_moves_the_inputs_and_matches"]["figures"]
+    assert figures and "0 B copied" in figures[0]  # a CPU host copies nothing
+
+
+def test_smoke_planner_and_throughput_sections(smoke: dict[str, Any]) -> None:
+    sections = smoke["report"]["sections"]
+    rows = sections["planner"]["rows"]
+    assert {(r["layout"], r["phase"]) for r in rows} == {
+        (layout, phase) for layout in ("fsdp", "ac", "ac_offload")
+        for phase in ("forward", "loss", "backward", "optimizer_step")}
+    assert all(r["measured_bytes"] > 0 and r["planned_bytes"] > 0 for r in rows)
+    compared = {c["setup"]: c for c in sections["throughput"]["comparisons"]}
+    assert set(compared) == {"ac", "ac_offload_fused"}
+    for row in compared.values():
+        assert row["first_loss_difference"] < 1e-6
+        assert "5 FSDP groups" in row["layout"]
+    skipped = {p["setup"]: p["skipped"] for p in sections["throughput"]["pairs"] if p["skipped"]}
+    assert "nothing to offload from" in skipped["ac_cpu_offload_fused"]
+    assert "compute capability 9.0" in skipped["fp8_compile_fused"]
+
+
+def test_a_missing_or_empty_section_fails_the_report(smoke: dict[str, Any]) -> None:
+    report_format = _module("gpu_check_report")
+    report = json.loads(json.dumps(smoke["report"]))
+    del report["sections"]["planner"]
+    report["sections"]["throughput"]["pairs"] = []
+    assert report_format.problems(report) == [
+        "section missing: planner", "section throughput: passed but holds no pairs"]
+    del report["multi_rank"]
+    assert "section missing: multi_rank" in report_format.problems(report)
+
+
+def test_the_script_exits_1_when_its_report_misses_a_section(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A section the report must hold but no runner wrote (here one added to SECTIONS)."""
+    gpu_check = _module("gpu_check")
+    monkeypatch.setattr(gpu_check.report_format, "SECTIONS", (*gpu_check.report_format.SECTIONS,
+                                                              "extra"))
+    code = gpu_check.main(["--smoke", "--only", "docker", "--out", str(tmp_path)])
+    assert code == 1
+    assert "gpu-check: section missing: extra" in capsys.readouterr().err
+
+
+def test_a_failing_cpu_numerical_check_fails_the_smoke_run(tmp_path: Path) -> None:
+    """mixed_precision broken on purpose (dropped by a sitecustomize in the section's process):
+    the bf16 and fp16 cases fail, the fp32 ones pass, the section fails, the run exits 1."""
+    patch = tmp_path / "patch"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(
+        "import meshtrain_runtime.parallel.fsdp as fsdp\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy\n"
+        "fsdp.resolve_mixed_precision = lambda value: MixedPrecisionPolicy()\n")
+    done = _smoke(tmp_path / "out", "--only", "pytest",
+                  env={"PYTHONPATH": os.pathsep.join(filter(None, [
+                      str(patch), os.environ.get("PYTHONPATH")]))})
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    (report_file,) = (tmp_path / "out").glob("gpu-cpu-*.json")
+    section = json.loads(report_file.read_text())["sections"]["pytest"]
+    assert section["status"] == "failed"
+    failed = {t["test"].split("::")[-1] for t in section["tests"] if t["outcome"] == "failed"}
+    assert failed == {"test_bf16_mixed_precision_tracks_fp32",
+                      "test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf"}
