@@ -55,13 +55,17 @@ class Run:
     model: nn.Module
 
 
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local part, which on a world of one is the whole tensor (read without a
+    collective: cpu_offload keeps the shards in host memory, which NCCL cannot gather)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    assert local.shape == tensor.shape, "the gpu tier runs on a world of one"
+    return local
+
+
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole, fp32, on the CPU (DTensor shards gathered)."""
-    out = {}
-    for name, param in model.named_parameters():
-        value = param.full_tensor() if hasattr(param, "full_tensor") else param
-        out[name] = value.detach().float().cpu()
-    return out
+    """Every parameter whole, fp32, on the CPU."""
+    return {name: whole(param).detach().float().cpu() for name, param in model.named_parameters()}
 
 
 def train(runtime: Any, params: dict[str, Any], shape: Shape, device: torch.device, *,
