@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
 import pytest
-from ci_guards import expected_skip, floor_problems, import_or_skip
+from ci_guards import expected_skip, floor_problems, import_or_skip, missing_component
 
 pytest_plugins = ["pytester"]
 
@@ -121,6 +122,23 @@ def test_absent_crd_schemas_fail_under_ci_and_skip_with_their_reason_elsewhere(
     else:
         result.assert_outcomes(skipped=1)
         assert result.ret == pytest.ExitCode.OK
+
+
+def test_an_etcd_that_does_not_start_fails_with_its_log(pytester, monkeypatch, tmp_path):
+    """The real elastic rendezvous test with an etcd that exits at once (first on PATH): an
+    error naming etcd and carrying its log, not a skip."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        missing_component("needs root and `ip` for the rendezvous test's network namespaces")
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    _executable(fake / "etcd", "#!/bin/sh\necho 'fake etcd: simulated bind failure'\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    result = _run(pytester, monkeypatch, True, "--rootdir", str(ROOT), "-p", "no:xdist",
+                  "-p", "no:cacheprovider", str(ROOT / "tests/e2e/test_elastic_rendezvous.py"))
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*etcd did not become healthy (exit 1); its log:*",
+                                 "*fake etcd: simulated bind failure*"])
 
 
 SKIPS = """
