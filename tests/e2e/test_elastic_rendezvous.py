@@ -64,6 +64,7 @@ def two_hosts(tmp_path):
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text(f"127.0.0.1 localhost\n{SUBNET}.1 algo-1\n{SUBNET}.2 algo-2\n")
     etcd = None
+    log = (tmp_path / "etcd.log").open("wb")  # etcd writes it until teardown
     try:
         for space in spaces:
             _run("ip", "netns", "add", space)
@@ -79,13 +80,14 @@ def two_hosts(tmp_path):
             ["ip", "netns", "exec", spaces[0], "etcd", "--data-dir", str(tmp_path / "etcd"),
              "--enable-v2=true", "--listen-client-urls", url, "--advertise-client-urls", url,
              "--listen-peer-urls", "http://127.0.0.1:2380"],
-            stdout=(tmp_path / "etcd.log").open("wb"), stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT)
         _wait_for_etcd(spaces[0], url, etcd, tmp_path / "etcd.log")
         yield spaces, hosts_file
     finally:
         if etcd is not None:
             etcd.terminate()
             etcd.wait(timeout=30)
+        log.close()
         for space in spaces:
             subprocess.run(["ip", "netns", "del", space], capture_output=True)
 
