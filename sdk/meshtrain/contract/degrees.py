@@ -85,8 +85,14 @@ def resolve_degrees(
     `world_description` (e.g. "2 hosts x 4 processes") is quoted in errors.
     """
     where = f"world size {world_size}" + (f" ({world_description})" if world_description else "")
-    tp = _check_divides("tensor_parallel_degree", params.tensor_parallel_degree, world_size, where)
-    dp = world_size // tp
+    pp = _check_divides("pipeline_parallel_degree", params.pipeline_parallel_degree, world_size,
+                        where)
+    stage_world = world_size // pp
+    if pp > 1:  # every other degree counts ranks within one stage
+        where = f"one stage's {stage_world} ranks ({where} / pipeline_parallel_degree={pp})"
+    tp = _check_divides("tensor_parallel_degree", params.tensor_parallel_degree, stage_world,
+                        where)
+    dp = stage_world // tp
     shard = _resolve_shard(params, dp, tp, where, ranks_per_host)
     cp = params.context_parallel_degree
     if cp > shard or shard % cp:
@@ -112,7 +118,7 @@ def resolve_degrees(
         context_parallel_degree=cp,
         expert_parallel_degree=ep,
         sharding_strategy=strategy,
-        pipeline_parallel_degree=1,  # not a parameter the contract accepts yet
+        pipeline_parallel_degree=pp,
     )
 
 

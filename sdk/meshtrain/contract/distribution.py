@@ -20,11 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES, check_pipeline
 
 ShardingStrategy = Literal[
     "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"
 ]
 MixedPrecision = Literal["bf16", "fp16", "fp32"]
+PipelineSchedule = Literal[
+    "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"
+]
 
 
 class _Strict(BaseModel):
@@ -67,6 +71,19 @@ class SMPParameters(_Strict):
     """FSDP groups free their gathered parameters after forward (True: less memory, one more
     all-gather per group in backward) or keep them until backward (False: faster, more memory);
     "auto" follows the sharding strategy (no for no_shard / shard_grad_op)."""
+    pipeline_parallel_degree: int = Field(1, ge=1)
+    """Pipeline stages' ranks (outermost mesh axis): divides the world size; tp and the sharding
+    group are resolved within each stage's world / pp ranks (docs/pipeline-parallel.md)."""
+    microbatches: int = Field(1, ge=1)
+    """Microbatches per step: the pipeline schedule's; without pipelining, gradient
+    accumulation in ``forward_backward``."""
+    pipeline_schedule: PipelineSchedule = "1F1B"
+    """torch.distributed.pipelining's schedule, named without "Schedule"."""
+    pipeline_stages_per_rank: int | None = Field(None, ge=1)
+    """Stages (virtual stages) per rank; None: 1 for GPipe/1F1B, 2 for the others."""
+    pipeline_split_points: list[int] | None = None
+    """Block index at which each stage after the first begins (stages - 1 increasing
+    indices); None splits the blocks evenly."""
     torch_sagemaker_alias: bool = True
     """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
     docs/smp-compat.md); False leaves the name unresolved."""
@@ -77,7 +94,15 @@ class SMPParameters(_Strict):
         self._check_context_vs_shard()
         self._check_offloading()
         self._check_strategy_vs_degree()
+        check_pipeline(self)
         return self
+
+    @property
+    def stages_per_rank(self) -> int:
+        """The resolved ``pipeline_stages_per_rank``."""
+        if self.pipeline_stages_per_rank is not None:
+            return self.pipeline_stages_per_rank
+        return 1 if self.pipeline_schedule in SINGLE_STAGE_SCHEDULES else 2
 
     def _check_expert_and_tensor(self) -> None:
         ep, tp = self.expert_parallel_degree, self.tensor_parallel_degree
