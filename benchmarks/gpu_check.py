@@ -115,8 +115,8 @@ def section_pytest(args: argparse.Namespace, cap: float, work: Path) -> dict[str
     tests = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "skipped")}
     status = _status(code)
-    if code not in (0, 1, None) or (code == 0 and not tests):  # 5: nothing collected
-        status = "failed"
+    if code not in (0, 1, None) or (code == 0 and not tests) or counts["failed"]:
+        status = "failed"  # 5: nothing collected; a failed test fails a section cut later too
     return {"status": status, "seconds": seconds, "tests": tests,
             "headline": ", ".join(f"{n} {o}" for o, n in counts.items()),
             "reason": "" if status == "passed" else output[-1500:]}
