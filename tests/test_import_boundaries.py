@@ -138,3 +138,129 @@ def test_the_plan_modules_import_graph_has_no_cycle():
 ])
 def test_the_lazy_import_check_catches_a_function_level_plan_import(source, lazy):
     assert bool(lazy_plan_imports(source)) is lazy
+
+
+BACKENDS = ROOT / "sdk" / "meshtrain" / "backends"
+SHARED_LAYERS = {"hosts"}
+"""Folders under backends/ that backends compose (not backends themselves)."""
+
+
+def backend_packages() -> list[str]:
+    return sorted(path.name for path in BACKENDS.iterdir()
+                  if path.is_dir() and (path / "__init__.py").exists()
+                  and path.name not in SHARED_LAYERS)
+
+
+def cross_backend_imports(source: str, own: str, backends: list[str]) -> list[str]:
+    """Imports of another backend's package, of the planner, or of `meshtrain` itself (its
+    __init__, a floor above every backend) from inside backend `own`."""
+    found = set()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        bare = isinstance(node, ast.Import) and any(a.name == "meshtrain" for a in node.names)
+        top = (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "meshtrain"
+               and any(alias.name.startswith("__") for alias in node.names))
+        if bare or top:
+            found.add(f"line {node.lineno}: meshtrain")
+    for line, module in _imports_in(tree):
+        others = [b for b in backends if b != own and _within(module, f"meshtrain.backends.{b}")]
+        if others or _within(module, PLAN):
+            found.add(f"line {line}: {module}")
+    return sorted(found)
+
+
+def test_no_backend_imports_another_backend_the_planner_or_meshtrain_itself():
+    backends = backend_packages()
+    assert {"local", "docker", "sagemaker", "kubernetes"} <= set(backends)
+    found = {}
+    for own in backends:
+        for path in sorted((BACKENDS / own).rglob("*.py")):
+            hits = cross_backend_imports(path.read_text(), own, backends)
+            if hits:
+                found[str(path.relative_to(ROOT))] = hits
+    for path in sorted((BACKENDS / "hosts").rglob("*.py")):  # the shared layer: no backend
+        hits = cross_backend_imports(path.read_text(), "hosts", backends)
+        if hits:
+            found[str(path.relative_to(ROOT))] = hits
+    assert found == {}
+
+
+@pytest.mark.parametrize(("source", "own", "caught"), [
+    ("from meshtrain.backends.local.backend import LocalBackend\n", "docker", True),
+    ("def f():\n    from meshtrain.backends.sagemaker.checks import parse_s3_uri\n", "local", True),
+    ("import meshtrain.backends.docker.engine\n", "kubernetes", True),
+    ("import meshtrain\n", "docker", True),
+    ("from meshtrain import __version__\n", "sagemaker", True),
+    ("from meshtrain.plan.instances import gpus_per_instance\n", "sagemaker", True),
+    ("from meshtrain.backends.hosts.layout import JobDirectory\n", "docker", False),
+    ("from meshtrain.backends.docker.volumes import OPTIONS\n", "docker", False),
+    ("from meshtrain.backends.s3_uri import parse_s3_uri\n", "sagemaker", False),
+    ("from meshtrain.version import __version__\n", "docker", False),
+])
+def test_the_backend_check_catches_a_cross_backend_import(source, own, caught):
+    assert bool(cross_backend_imports(source, own, ["docker", "kubernetes", "local",
+                                                     "sagemaker"])) is caught
+
+
+INSTANCE_TYPE_READERS = {"sdk/meshtrain/targets.py", "sdk/meshtrain/instances.py"}
+PREFIXES = {"ml.", "k8s:"}
+
+
+def _names_instance_type(node: ast.AST) -> bool:
+    return ((isinstance(node, ast.Name) and node.id == "instance_type")
+            or (isinstance(node, ast.Attribute) and node.attr == "instance_type"))
+
+
+def instance_type_parsing(source: str) -> list[str]:
+    """Where `source` reads an instance type string: a method called on it (startswith, split,
+    removeprefix, ...), an index or slice of it, a comparison of it with a string literal or an
+    `in` test on it, a regex applied to it, or an "ml." / "k8s:" prefix literal."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Attribute) and _names_instance_type(node.value):
+            found.add(f"line {line}: .{node.attr} of instance_type")
+        elif isinstance(node, ast.Subscript) and _names_instance_type(node.value):
+            found.add(f"line {line}: instance_type[...]")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            strings = any(isinstance(s, ast.Constant) and isinstance(s.value, str)
+                          for s in sides)
+            membership = any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+            if any(_names_instance_type(s) for s in sides) and (strings or membership):
+                found.add(f"line {line}: a comparison of instance_type")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "re"
+              and any(_names_instance_type(arg) for arg in node.args)):
+            found.add(f"line {line}: a regex on instance_type")
+        elif isinstance(node, ast.Constant) and node.value in PREFIXES:
+            found.add(f"line {line}: the prefix literal {node.value!r}")
+    return sorted(found)
+
+
+def test_instance_type_is_read_only_by_the_targets_and_the_instance_table():
+    found = {}
+    for path in sorted((ROOT / "sdk").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        hits = instance_type_parsing(path.read_text())
+        if hits and name not in INSTANCE_TYPE_READERS:
+            found[name] = hits
+    assert found == {}
+    assert instance_type_parsing((ROOT / "sdk/meshtrain/targets.py").read_text())  # it parses
+
+
+@pytest.mark.parametrize(("source", "caught"), [
+    ("family = instance_type.split('.')[1]\n", True),
+    ("if spec.instance_type.startswith('ml.'):\n    pass\n", True),
+    ("gpu = spec.instance_type == 'local_gpu'\n", True),
+    ("p5 = 'p5' in instance_type\n", True),
+    ("node = target.instance_type.removeprefix(PREFIX)\n", True),
+    ("family = instance_type[3:6]\n", True),
+    ("m = re.fullmatch(PATTERN, instance_type)\n", True),
+    ("PREFIX = 'k8s:'\n", True),
+    ("target = resolve_target(spec.instance_type)\n", False),
+    ("resources = {'InstanceType': spec.instance_type}\n", False),
+    ("message = f'{spec.instance_count} x {spec.instance_type}'\n", False),
+])
+def test_the_instance_type_check_catches_a_parse(source, caught):
+    assert bool(instance_type_parsing(source)) is caught

@@ -1,9 +1,9 @@
 """meshtrain: a SageMaker-style training SDK with an open model-parallel runtime."""
 
 from meshtrain.contract.errors import ConfigError, JobFailedError
+from meshtrain.version import __version__
 
-__all__ = ["ConfigError", "Estimator", "JobFailedError", "TrainingJob"]
-__version__ = "0.1.0"
+__all__ = ["ConfigError", "Estimator", "JobFailedError", "TrainingJob", "__version__"]
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""`meshtrain logs JOB [--host H] [--rank R] [--follow]` and `meshtrain plot JOB -o FILE`."""
+"""`meshtrain logs JOB [--host H] [--rank R] [--follow]`, `meshtrain plot JOB -o FILE` and the
+readable `meshtrain describe JOB`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob, stop_reason
 
 FOLLOW_POLL_SECONDS = 0.5
 # Every line of a job's merged log starts with its source: "[algo-2] " (the host's bootstrap) or
@@ -26,7 +28,7 @@ def add_view_commands(sub: argparse._SubParsersAction, add_location: Callable[..
     logs.add_argument("--host", help="only lines of this host, e.g. algo-2")
     logs.add_argument("--rank", type=int, help="only lines of this global rank, e.g. 3")
     logs.add_argument("--follow", "-f", action="store_true",
-                      help="keep printing new lines until the job ends (local jobs)")
+                      help="keep printing new lines until the job ends, then its outcome")
     add_location(logs)
     logs.set_defaults(handler=job_command, action="logs")
     plot = sub.add_parser("plot", help="plot a job's loss and throughput to a PNG (needs "
@@ -52,10 +54,20 @@ def line_matches(line: str, host: str | None, rank: int | None) -> bool:
 
 
 def print_logs(job: TrainingJob, args: argparse.Namespace) -> None:
-    for line in _lines(job, follow=getattr(args, "follow", False)):
+    """The job's log lines (filtered); with --follow, until it ends, then how it ended."""
+    follow = getattr(args, "follow", False)
+    for line in _lines(job, follow=follow):
         if line_matches(line, getattr(args, "host", None), getattr(args, "rank", None)):
             sys.stdout.write(line + "\n")
+    if follow:
+        sys.stdout.write(outcome_line(job.describe()) + "\n")
     sys.stdout.flush()
+
+
+def outcome_line(description: dict[str, Any]) -> str:
+    """``===== Job Failed: <reason's first line> =====``, as fit() ends its output."""
+    reason = stop_reason(description).splitlines()
+    return f"===== Job {description['TrainingJobStatus']}{reason[0] if reason else ''} ====="
 
 
 def _lines(job: TrainingJob, *, follow: bool) -> Iterator[str]:
@@ -85,3 +97,67 @@ def plot_job(job: TrainingJob, args: argparse.Namespace) -> None:
     plot_metrics(series, output, names=names, title=job.job_name)
     print(f"wrote {output}")
 
+
+
+def seconds(value: Any) -> float:
+    """A time as epoch seconds (local jobs write floats, boto3 datetimes, Kubernetes text)."""
+    if hasattr(value, "timestamp"):
+        return value.timestamp()
+    if isinstance(value, str):
+        from datetime import datetime
+
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return float(value)
+
+
+def duration_text(start: Any, end: Any) -> str:
+    """``1h02m03s`` / ``2m05s``; "-" when a time is missing."""
+    if start is None or end is None or seconds(end) < seconds(start):
+        return "-"
+    minutes, secs = divmod(int(seconds(end) - seconds(start)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def when_text(value: Any) -> str:
+    """A local wall-clock time, or "-"."""
+    if value is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds(value)))
+
+
+def _status_text(description: dict[str, Any]) -> str:
+    status, secondary = description["TrainingJobStatus"], description.get("SecondaryStatus")
+    return f"{status} ({secondary})" if secondary and secondary != status else status
+
+
+def describe_job(description: dict[str, Any]) -> None:
+    """Print a job's description for people: what, how it ended and why, when, where."""
+    resources = description.get("ResourceConfig") or {}
+    end = description.get("TrainingEndTime")
+    rows = [
+        ("Job", description["TrainingJobName"]),
+        ("Status", _status_text(description)),
+        ("Reason", (description.get("FailureReason") or "").strip()),
+        ("Instances", f"{resources.get('InstanceCount', '?')} x "
+                      f"{resources.get('InstanceType', '?')}" if resources else ""),
+        ("Image", (description.get("AlgorithmSpecification") or {}).get("TrainingImage", "")),
+        ("Created", when_text(description.get("CreationTime"))),
+        ("Training", duration_text(description.get("TrainingStartTime"), end or time.time())
+         + ("" if end else " so far")),
+        ("Progress", (description.get("Progress") or {}).get("Summary", "")),
+        ("Model", (description.get("ModelArtifacts") or {}).get("S3ModelArtifacts", "")),
+    ]
+    for label, value in rows:
+        if value:
+            lines = str(value).splitlines()
+            print(f"{label + ':':<11}{lines[0]}")
+            for more in lines[1:]:
+                print(f"{'':<11}{more}")
+    transitions = description.get("SecondaryStatusTransitions") or []
+    if transitions:
+        print("History:")
+        for step in transitions:
+            print(f"  {when_text(step.get('StartTime')):<19}  {step.get('Status', ''):<10}  "
+                  f"{step.get('StatusMessage', '')}".rstrip())
+    print(f"Logs:      meshtrain logs {description['TrainingJobName']} [--rank N] [-f]")

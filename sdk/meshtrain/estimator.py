@@ -36,7 +36,7 @@ from meshtrain.estimator_values import (
 from meshtrain.job import TrainingJob
 from meshtrain.naming import check_job_name, name_from_base
 from meshtrain.pipes import drop_output_to_closed_pipes
-from meshtrain.targets import backend_named, resolve_target
+from meshtrain.targets import resolve_target
 
 DEFAULT_BASE_JOB_NAME = "meshtrain"
 
@@ -211,19 +211,18 @@ class Estimator:
         return self.latest_training_job.model_data
 
     @classmethod
-    def attach(cls, training_job_name: str, **backend_options: Any) -> Estimator:
-        """Rebuild an Estimator from an existing job (local jobs first, then SageMaker)."""
-        from meshtrain.backends.local import LocalBackend
+    def attach(cls, training_job_name: str, backend: str | None = None,
+               **backend_options: Any) -> Estimator:
+        """Rebuild an Estimator from an existing job, wherever it runs: every backend is
+        searched (meshtrain.registry; `backend`, e.g. "sagemaker", searches one). The options
+        are those of the backends (jobs_dir, boto_session, namespace, kubeconfig, ...)."""
+        from meshtrain.registry import find_job
 
-        local = LocalBackend(**backend_options)
-        if local.job_directory(training_job_name).spec_file.exists():
-            backend: Backend = local
-        else:
-            backend = backend_named("sagemaker", **backend_options)
-        spec = backend.load_spec(training_job_name)
-        estimator = cls.from_spec(spec, **backend_options)
-        estimator._backend = backend
-        estimator.latest_training_job = backend.attach(training_job_name)
+        found = find_job(training_job_name, backend, **backend_options)
+        spec = found.backend.load_spec(training_job_name)
+        taken = {k: v for k, v in backend_options.items() if k in found.kind.options()}
+        estimator = cls.from_spec(spec, **taken)
+        estimator.latest_training_job = found.job
         return estimator
 
     @classmethod

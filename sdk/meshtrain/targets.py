@@ -1,8 +1,10 @@
 """Where a job runs: the one reader of `instance_type`.
 
-`resolve_target("ml.p4d.24xlarge")` names the backend that runs it, the GPUs each host has and
-the backend options it takes. A new backend is one :class:`TargetKind` in ``TARGET_KINDS`` plus
-its own folder under ``meshtrain/backends/``; nothing else parses instance types.
+`resolve_target("ml.p4d.24xlarge")` names the backend that runs it, the GPUs each host has, its
+row of the instance table (meshtrain.instances) and the backend options it takes. Backends get
+the Target and never read the string again. A new backend is one :class:`TargetKind` in
+``TARGET_KINDS`` plus its own folder under ``meshtrain/backends/`` (which declares its option
+names); nothing else parses instance types.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
+from meshtrain.instances import InstanceSpec, instance_spec
 
 if TYPE_CHECKING:
     from meshtrain.backends import Backend
@@ -39,27 +42,36 @@ def local_cores() -> int:
         os.cpu_count() or 1)
 
 
-def _sagemaker_gpus(instance_type: str) -> int:
-    from meshtrain.plan.instances import gpus_per_instance
-
-    return gpus_per_instance(instance_type)  # ConfigError with a did-you-mean if unknown
-
-
-def _sagemaker_options() -> frozenset[str]:
-    from meshtrain.backends.sagemaker.options import OPTION_NAMES
-
-    return frozenset({*OPTION_NAMES, "sagemaker_session"})
-
-
-def _kubernetes_gpus(instance_type: str) -> int:
-    return _sagemaker_gpus(instance_type.removeprefix(KUBERNETES_PREFIX))
-
-
 KUBERNETES_PREFIX = "k8s:"
-DOCKER_OPTIONS = frozenset({"jobs_dir", "volumes", "shm_size"})
-DOCKER_OPTION_CHECK = "meshtrain.backends.docker.volumes:check_options"
-KUBERNETES_OPTIONS = frozenset({"namespace", "kube_context", "kubeconfig", "kind",
-                                "code_in_image", "api_client"})
+SAGEMAKER_PREFIX = "ml."
+
+
+def _no_row(_: str) -> InstanceSpec | None:
+    return None
+
+
+def _sagemaker_row(instance_type: str) -> InstanceSpec:
+    return instance_spec(instance_type)  # ConfigError with a did-you-mean if unknown
+
+
+def _kubernetes_row(instance_type: str) -> InstanceSpec:
+    node_type = instance_type.removeprefix(KUBERNETES_PREFIX)
+    if not node_type.startswith(SAGEMAKER_PREFIX):
+        raise ConfigError(
+            f"instance_type={instance_type!r}: a Kubernetes job names the node type it runs "
+            "on as an ml.* type (e.g. 'ml.p4d.24xlarge', whose node label is p4d.24xlarge).")
+    return instance_spec(node_type)
+
+
+def _declared(reference: str) -> Any:
+    """`module:NAME` of a backend, imported only when asked for."""
+    module_name, name = reference.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def _declared_options(reference: str) -> Callable[[], frozenset[str]]:
+    """The option names a backend declares at `module:NAME`, read when first asked for."""
+    return lambda: frozenset(_declared(reference))
 
 
 @dataclass(frozen=True)
@@ -71,53 +83,56 @@ class TargetKind:
     """How messages name its jobs ("local", "SageMaker")."""
     matches: Callable[[str], bool]
     backend_class: str
-    """``module:Class`` of the backend, imported only when a job is submitted."""
-    gpus_per_host: Callable[[str], int]
+    """``module:Class`` of the backend, imported only when a job is submitted or looked up."""
+    row: Callable[[str], InstanceSpec | None]
+    """The instance table's row of an instance type (None: this machine, no row)."""
     options: Callable[[], frozenset[str]]
+    """The backend options this kind takes, as its backend declares them."""
     on_this_machine: bool
     """Every rank runs on this machine: bounded by its cores, its devices decide cpu_offload."""
     max_hosts: int | None = None
     example: str = ""
-    hardware: Callable[[str], str] = str
-    """The instance type the planner's table knows (Kubernetes drops its "k8s:" prefix)."""
     check_options: str = ""
     """``module:function`` that checks the option values (called with them as keywords; raises
     ConfigError), imported only when an Estimator is made for this kind."""
+    local_gpus: bool = False
+    """Its hosts get this machine's GPUs (nvidia-smi counts them)."""
 
     def validate_options(self, options: dict[str, Any]) -> None:
         """Check the values of this kind's backend options (no session, no request)."""
         if self.check_options:
-            module_name, function_name = self.check_options.split(":")
-            getattr(importlib.import_module(module_name), function_name)(**options)
+            _declared(self.check_options)(**options)
 
 
 TARGET_KINDS: tuple[TargetKind, ...] = (
     # processes_per_host defaults to this machine's GPUs (CPU: 1), as the hosts count them.
     TargetKind("local", "local", lambda t: t == "local", "meshtrain.backends.local:LocalBackend",
-               gpus_per_host=lambda _: local_gpu_count(), options=lambda: frozenset({"jobs_dir"}),
-               on_this_machine=True, example="'local' (processes on this machine)"),
+               row=_no_row, options=_declared_options("meshtrain.backends.local.backend:OPTIONS"),
+               on_this_machine=True, example="'local' (processes on this machine)",
+               local_gpus=True),
     TargetKind("local_docker", "local Docker", lambda t: t == "local_docker",
-               "meshtrain.backends.docker:DockerBackend", gpus_per_host=lambda _: 0,
-               options=lambda: DOCKER_OPTIONS, on_this_machine=True,
+               "meshtrain.backends.docker:DockerBackend", row=_no_row,
+               options=_declared_options("meshtrain.backends.docker.volumes:OPTIONS"),
+               on_this_machine=True,
                example="'local_docker' (one container per host on this machine)",
-               check_options=DOCKER_OPTION_CHECK),
+               check_options="meshtrain.backends.docker.volumes:check_options"),
     TargetKind("local_gpu", "local Docker", lambda t: t == "local_gpu",
-               "meshtrain.backends.docker:DockerBackend",
-               gpus_per_host=lambda _: local_gpu_count(),
-               options=lambda: DOCKER_OPTIONS, on_this_machine=True, max_hosts=1,
-               example="'local_gpu' (one container with this machine's GPUs)",
-               check_options=DOCKER_OPTION_CHECK),
-    TargetKind("sagemaker", "SageMaker", lambda t: t.startswith("ml."),
-               "meshtrain.backends.sagemaker:SageMakerBackend", gpus_per_host=_sagemaker_gpus,
-               options=_sagemaker_options, on_this_machine=False,
+               "meshtrain.backends.docker:DockerBackend", row=_no_row,
+               options=_declared_options("meshtrain.backends.docker.volumes:OPTIONS"),
+               on_this_machine=True,
+               max_hosts=1, example="'local_gpu' (one container with this machine's GPUs)",
+               check_options="meshtrain.backends.docker.volumes:check_options", local_gpus=True),
+    TargetKind("sagemaker", "SageMaker", lambda t: t.startswith(SAGEMAKER_PREFIX),
+               "meshtrain.backends.sagemaker:SageMakerBackend", row=_sagemaker_row,
+               options=_declared_options("meshtrain.backends.sagemaker.options:OPTIONS"),
+               on_this_machine=False,
                example="an Amazon SageMaker type such as 'ml.p4d.24xlarge'",
                check_options="meshtrain.backends.sagemaker.options:build_options"),
     TargetKind("kubernetes", "Kubernetes", lambda t: t.startswith(KUBERNETES_PREFIX),
-               "meshtrain.backends.kubernetes.backend:KubernetesBackend",
-               gpus_per_host=_kubernetes_gpus, options=lambda: KUBERNETES_OPTIONS,
+               "meshtrain.backends.kubernetes.backend:KubernetesBackend", row=_kubernetes_row,
+               options=_declared_options("meshtrain.backends.kubernetes.backend:OPTIONS"),
                on_this_machine=False,
-               example="'k8s:' and a node type for Kubernetes, e.g. 'k8s:ml.p5.48xlarge'",
-               hardware=lambda t: t.removeprefix(KUBERNETES_PREFIX)),
+               example="'k8s:' and a node type for Kubernetes, e.g. 'k8s:ml.p5.48xlarge'"),
 )
 FIXED_NAMES = ("local", "local_docker", "local_gpu")
 """The instance types that are names rather than patterns (for a did-you-mean)."""
@@ -125,11 +140,13 @@ FIXED_NAMES = ("local", "local_docker", "local_gpu")
 
 @dataclass(frozen=True)
 class Target:
-    """A resolved instance type: its kind, the GPUs per host, the options its backend takes."""
+    """A resolved instance type: its kind, GPUs per host, table row and the options it takes."""
 
     kind: TargetKind
     instance_type: str
     gpus_per_host: int
+    instance: InstanceSpec | None = None
+    """Its row of the instance table (None for this machine's targets)."""
 
     @property
     def name(self) -> str:
@@ -137,8 +154,8 @@ class Target:
 
     @property
     def hardware_type(self) -> str:
-        """The instance type as the planner's table names it."""
-        return self.kind.hardware(self.instance_type)
+        """The instance type as the instance table names it ("k8s:" dropped; else as given)."""
+        return self.instance.instance_type if self.instance else self.instance_type
 
     @property
     def on_this_machine(self) -> bool:
@@ -150,7 +167,7 @@ class Target:
 
     def backend(self, **options: Any) -> Backend:
         """The backend object for this target (its module is imported now, not before)."""
-        return backend_named(self.kind.name, **options)
+        return _declared(self.kind.backend_class)(target=self, **options)
 
 
 def target_kind(instance_type: Any) -> TargetKind:
@@ -169,7 +186,17 @@ def target_kind(instance_type: Any) -> TargetKind:
 def resolve_target(instance_type: Any) -> Target:
     """The target that runs `instance_type`; ConfigError naming the known ones otherwise."""
     kind = target_kind(instance_type)
-    return Target(kind, instance_type, kind.gpus_per_host(instance_type))
+    row = kind.row(instance_type)
+    gpus = local_gpu_count() if kind.local_gpus else (row.num_gpus if row else 0)
+    return Target(kind, instance_type, gpus, row)
+
+
+def target_of(instance_type: str, given: Target | None) -> Target:
+    """`given` when it resolved `instance_type`, else `instance_type` resolved now (a backend
+    made without a target, e.g. to attach, that is then asked to validate a spec)."""
+    if given is not None and given.instance_type == instance_type:
+        return given
+    return resolve_target(instance_type)
 
 
 def known_options() -> frozenset[str]:
@@ -191,10 +218,19 @@ def options_text(most: int = 5) -> str:
     return "; ".join(parts)
 
 
+def backend_kinds() -> list[TargetKind]:
+    """One kind per backend class, in the table's order (the job registry asks each once)."""
+    seen: dict[str, TargetKind] = {}
+    for kind in TARGET_KINDS:
+        seen.setdefault(kind.backend_class, kind)
+    return list(seen.values())
+
+
 def backend_named(name: str, **options: Any) -> Backend:
-    """The backend of the target kind called `name` (e.g. to attach to an existing job)."""
+    """The backend of the target kind called `name`, without a target (to find or attach to an
+    existing job); options it does not take are left out."""
     for kind in TARGET_KINDS:
         if kind.name == name:
-            module_name, class_name = kind.backend_class.split(":")
-            return getattr(importlib.import_module(module_name), class_name)(**options)
+            taken = {key: value for key, value in options.items() if key in kind.options()}
+            return _declared(kind.backend_class)(**taken)
     raise ValueError(f"no target kind named {name!r}")  # internal: names are literals

@@ -74,7 +74,8 @@ def test_logs_filter_by_host_and_rank(job, capsys):
     rank = _logs(capsys, job, "--rank", "3")
     assert rank == ["[algo-2 rank 3] hello from rank 3 on algo-2"]
     assert _logs(capsys, job, "--host", "algo-1", "--rank", "3") == []
-    assert _logs(capsys, job, "--follow", "--rank", "3") == rank  # an ended job: no wait
+    # an ended job: no wait, and the outcome last (issue 35: `logs -f` ends with it)
+    assert _logs(capsys, job, "--follow", "--rank", "3") == [*rank, "===== Job Completed ====="]
 
 
 def test_plot_writes_the_jobs_loss_curve(job, capsys, tmp_path):

@@ -21,8 +21,8 @@ import pytest
 from ci_guards import missing_component
 
 from meshtrain import Estimator, JobFailedError
+from meshtrain.backends.hosts.artifacts import _write_tar
 from meshtrain.backends.local import LocalBackend
-from meshtrain.backends.local.artifacts import _write_tar
 from meshtrain.job import TERMINAL_STATUSES
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from meshtrain import Estimator, JobFailedError
-from meshtrain.backends.local.layout import JobDirectory
-from meshtrain.backends.local.processes import pids_of_job
+from meshtrain.backends.hosts.layout import JobDirectory
+from meshtrain.backends.hosts.processes import pids_of_job
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TWO_BY_TWO = {"torch_distributed": {"enabled": True, "processes_per_host": 2}}

@@ -19,7 +19,7 @@ from meshtrain.cli import main
 
 pytestmark = pytest.mark.multiprocess
 NO_AWS = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-          "AWS_EC2_METADATA_DISABLED": "true"}
+          "AWS_EC2_METADATA_DISABLED": "true", "KUBECONFIG": "/nonexistent"}
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_list_shows_local_jobs_newest_first(home, scripts, capsys):
     assert f"job second-job: model data at file://{home}/jobs/second-job/output/model.tar.gz" in out
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION"]
+    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "REASON"]
     assert [line.split()[:2] for line in lines[1:]] == [["second-job", "Completed"],
                                                         ["first-job", "Completed"]]
     assert all(re.fullmatch(r"\d+m\d\ds", line.split()[-1]) for line in lines[1:])
@@ -103,8 +103,11 @@ def test_unknown_job_is_one_line_and_exit_2(home, command):
     done = subprocess.run([sys.executable, "-m", "meshtrain.cli", command, "no-such-job"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
-    assert done.stderr == (f"meshtrain: no local job no-such-job under {home}/jobs; for "
-                           "SageMaker jobs pass --region / configure AWS.\n")
+    # one line: where it looked, and each backend it could not search with the fix
+    assert re.fullmatch(
+        f"meshtrain: no local job no-such-job under {home}/jobs; not searched: SageMaker \\(no "
+        r"AWS region or credentials: pass --region / configure AWS\), Kubernetes \(no "
+        r"kubeconfig .*: set KUBECONFIG or pass --kubeconfig\)\.\n", done.stderr), done.stderr
     assert done.stdout == ""
 
 
@@ -157,3 +160,64 @@ def test_max_run_names_max_runtime_exceeded(home, scripts, capsys):
     out = capsys.readouterr().out
     assert ("Training job too-long was stopped: MaxRuntimeExceeded: the job ran past "
             "max_run=2s.") in out
+
+
+def test_a_finished_local_job_by_name_describe_list_reason_rm_and_prune(home, scripts, capsys):
+    """One ended job of each outcome: attach, status, describe, logs -f (ending with the
+    outcome), stop, the list's reason column, did-you-mean, rm and prune."""
+    (scripts / "bad.py").write_text("print('about to fail', flush=True)\n"
+                                    "raise ValueError('bad batch size')\n")
+    assert main(["run", str(scripts / "hello.py"), "--job-name", "good-one"]) == 0
+    assert main(["run", str(scripts / "bad.py"), "--job-name", "bad-one"]) == 1
+    capsys.readouterr()
+    attached = Estimator.attach("bad-one")
+    assert type(attached.latest_training_job).__name__ == "LocalTrainingJob"
+    assert attached.entry_point == "bad.py" and attached.instance_type == "local"
+
+    assert main(["list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["bad-one"].endswith("AlgorithmError: rank 0 on algo-1: ValueError: bad batch size")
+    assert rows["good-one"].split()[1] == "Completed" and "Error" not in rows["good-one"]
+    assert main(["describe", "bad-one"]) == 0
+    view = capsys.readouterr().out.splitlines()
+    assert "Status:    Failed" in view and "Instances: 1 x local" in view
+    assert "Reason:    AlgorithmError: rank 0 on algo-1: ValueError: bad batch size" in view
+    assert view[-1] == "Logs:      meshtrain logs bad-one [--rank N] [-f]"
+    assert main(["logs", "bad-one", "--follow"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "[algo-1] about to fail" in out
+    assert out[-1] == ("===== Job Failed: AlgorithmError: rank 0 on algo-1: ValueError: bad "
+                       "batch size =====")
+    assert main(["stop", "good-one"]) == 0
+    assert "already ended (Completed)" in capsys.readouterr().out
+    for command, meant in ((["status", "good-on"], "good-one"), (["describe", "goodone"],
+                           "good-one"), (["logs", "bad-on"], "bad-one"), (["stop", "bad_one"],
+                           "bad-one"), (["rm", "bad-on"], "bad-one")):
+        assert main(command) == 2
+        assert capsys.readouterr().err.rstrip().endswith(f"Did you mean '{meant}'?"), command
+
+    assert main(["prune", "--dry-run"]) == 0
+    assert sorted(capsys.readouterr().out.splitlines()) == ["would remove bad-one (Failed)",
+                                                            "would remove good-one (Completed)"]
+    assert main(["prune", "--older-than", "1"]) == 0  # both ended seconds ago: kept
+    assert capsys.readouterr().out.strip() == "nothing to prune"
+    assert main(["rm", "good-one"]) == 0
+    assert capsys.readouterr().out.strip() == "removed good-one"
+    assert not (home / "jobs" / "good-one").exists() and (home / "jobs" / "bad-one").exists()
+    assert main(["prune"]) == 0
+    assert capsys.readouterr().out.strip() == "removed bad-one (Failed)"
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out.strip() == f"no jobs under {home}/jobs"
+
+
+def test_rm_refuses_a_running_job(home, scripts, capsys):
+    assert main(["run", str(scripts / "sleep.py"), "--job-name", "busy", "--no-wait"]) == 0
+    capsys.readouterr()
+    try:
+        assert main(["rm", "busy"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            "meshtrain: job busy is still running: stop it first (`meshtrain stop busy`), then "
+            "remove it.")
+        assert (home / "jobs" / "busy" / "spec.json").exists()
+    finally:
+        assert main(["stop", "busy"]) == 0

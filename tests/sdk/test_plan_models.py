@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from meshtrain import ConfigError
-from meshtrain.plan.instances import (
+from meshtrain.instances import (
     gpu_memory_gib,
     gpus_per_instance,
     instance_spec,

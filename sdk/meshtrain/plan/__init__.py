@@ -10,16 +10,16 @@ Pure Python (no torch). Entry points:
   `communication_volumes`;
 - `phase_memory` (meshtrain.plan.phases): what one rank holds in forward, loss, backward and
   the optimizer step; `estimate_layout(...).memory.phases` carries them for a layout;
-- `meshtrain.plan.instances` for `ml.*` GPU counts and memory.
+- `meshtrain.instances` (the instance table) for `ml.*` GPU counts and memory.
 
 The CLI (`meshtrain plan`) lives in `meshtrain.plan.cli`; docs/planner.md explains the
 conventions and the JSON schema.
 """
 
+from meshtrain.instances import gpu_memory_gib, gpus_per_instance
 from meshtrain.plan.activations import ActivationEstimate, activation_bytes
 from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.comm import CommVolumes, communication_volumes
-from meshtrain.plan.instances import gpu_memory_gib, gpus_per_instance
 from meshtrain.plan.layouts import LayoutEstimate, Plan, estimate_layout, plan_layouts
 from meshtrain.plan.memory import (
     ModelStateBytes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.plan.instances import instance_spec
+from meshtrain.instances import instance_spec
 
 GIB = 1024**3
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
+from meshtrain.instances import gpus_per_instance
 from meshtrain.plan.cluster import Cluster, build_cluster
-from meshtrain.plan.instances import gpus_per_instance
 from meshtrain.plan.layouts import (
     LayoutEstimate,
     Plan,

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from meshtrain import ConfigError, Estimator
-from meshtrain.backends.docker.backend import DockerBackend
 from meshtrain.backends.docker.containers import (
     ALL_GPUS,
     CONTAINER_OPT_ML,
@@ -19,7 +18,7 @@ from meshtrain.backends.docker.containers import (
 )
 from meshtrain.backends.docker.supervisor import host_environment
 from meshtrain.backends.docker.volumes import parse_shm_size, parse_volumes
-from meshtrain.backends.local.layout import JobDirectory
+from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.contract.env import BOOTSTRAP_MODULE, MESHTRAIN_JOB_TOKEN
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "examples" / "quickstart"
@@ -31,7 +30,7 @@ def settings(tmp_path: Path, instance_type: str, count: int = 1, **options) -> D
                           instance_count=count, distribution=TWO_PROCESSES,
                           environment={"MY_VAR": "1"}, jobs_dir=str(tmp_path), **options)
     spec = estimator.build_spec(None, "job-x")
-    return DockerBackend(jobs_dir=tmp_path, **options).settings_for(
+    return estimator.backend.settings_for(  # the backend gets the Target (GPUs or not)
         spec, JobDirectory(tmp_path / "job-x"), "t0k3n" * 4, "some/image:1")
 
 
@@ -51,9 +50,9 @@ def test_local_gpu_passes_every_gpu_as_a_device_request(tmp_path):
 
 def test_local_gpu_without_gpus_is_a_config_error_before_anything_exists(tmp_path,
                                                                            monkeypatch):
-    import meshtrain.backends.docker.backend as backend
+    from meshtrain import targets
 
-    monkeypatch.setattr(backend, "local_gpu_count", lambda: 0)
+    monkeypatch.setattr(targets, "local_gpu_count", lambda: 0)
     estimator = Estimator("train.py", source_dir=str(QUICKSTART), instance_type="local_gpu",
                           jobs_dir=str(tmp_path / "jobs"), image_uri="img:1")
     with pytest.raises(ConfigError, match="nvidia-smi lists none"):

@@ -13,10 +13,11 @@ from typing import Any
 
 from meshtrain.contract import env as names
 from meshtrain.contract.env import BOOTSTRAP_MODULE
+from meshtrain.contract.paths import DEFAULT_BASE_DIR
 
 LABEL_JOB = "meshtrain.job"
 LABEL_TOKEN = "meshtrain.token"
-CONTAINER_OPT_ML = "/opt/ml"
+CONTAINER_OPT_ML = DEFAULT_BASE_DIR
 RUNTIME_MOUNT = "/opt/meshtrain/python"
 """Where the client's own `meshtrain` and `meshtrain_runtime` packages are mounted (read-only)."""
 MASTER_PORT = 7777

@@ -21,9 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import meshtrain
 from meshtrain.backends.docker.engine import docker, docker_binary, image_exists
 from meshtrain.contract.errors import ConfigError
+from meshtrain.version import CLIENT_PACKAGE, __version__
 
 CONTAINERS = Path(__file__).resolve().parents[4] / "containers"
 ESSENTIALS = "python3,python-is-python3,libstdc++6,ca-certificates"
@@ -33,11 +33,11 @@ TRAIN_SCRIPT = ("#!/bin/sh\n# SageMaker runs `docker run <image> train`: hand th
 
 
 def default_tag() -> str:
-    return f"meshtrain:{meshtrain.__version__}-cpu"
+    return f"meshtrain:{__version__}-cpu"
 
 
 def base_tag() -> str:
-    return f"meshtrain-base:{meshtrain.__version__}-cpu"
+    return f"meshtrain-base:{__version__}-cpu"
 
 
 def ensure_default_image() -> str:
@@ -77,7 +77,7 @@ def _project_context(context: Path) -> None:
         raise ConfigError("meshtrain_runtime is not installed beside this client: reinstall "
                           "meshtrain (it ships both packages).")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(Path(meshtrain.__file__).parent, context / "python" / "meshtrain",
+    shutil.copytree(CLIENT_PACKAGE, context / "python" / "meshtrain",
                     ignore=ignore)
     shutil.copytree(Path(runtime.origin).parent, context / "python" / "meshtrain_runtime",
                     ignore=ignore)
@@ -93,7 +93,7 @@ def _project_context(context: Path) -> None:
 def _docker_build(context: Path, base: str, tag: str) -> None:
     result = subprocess.run(
         [docker_binary(), "build", "--network", "none", "--build-arg", f"BASE_IMAGE={base}",
-         "--build-arg", f"MESHTRAIN_VERSION={meshtrain.__version__}", "-t", tag, str(context)],
+         "--build-arg", f"MESHTRAIN_VERSION={__version__}", "-t", tag, str(context)],
         env=_build_env(), capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False)
     if result.returncode:
         raise RuntimeError(f"docker build of {tag} failed:\n{result.stdout[-2000:]}"

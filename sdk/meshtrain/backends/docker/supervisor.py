@@ -1,17 +1,14 @@
-"""The process that runs one local Docker job: the local supervisor, with containers for hosts.
+"""The process that runs one local Docker job: the shared host supervisor, with containers.
 
 Started detached by the Docker backend (``python -m meshtrain.backends.docker.supervisor DIR``).
-Everything the local supervisor does (merged `[algo-N]` log, stopping the others when one host
+Everything the host supervisor does (merged `[algo-N]` log, stopping the others when one host
 fails, max_run, root-cause failure from the hosts' records, model.tar.gz / output.tar.gz) is
-inherited; only how a host starts and ends differs: each host is an attached `docker run` on the
+shared with local jobs (meshtrain.backends.hosts.supervisor); only how a host starts and ends
+differs: each host is an attached `docker run` on the
 job's network, and the job's end (success, failure, stop) removes its containers and network.
 """
 
 from __future__ import annotations
-
-import subprocess
-import threading
-from collections import deque
 
 from meshtrain.backends.docker.containers import (
     DockerSettings,
@@ -25,14 +22,9 @@ from meshtrain.backends.docker.engine import (
     remove_job_resources,
     stop_job_containers,
 )
-from meshtrain.backends.local.layout import JobDirectory, checkpoint_folder
-from meshtrain.backends.local.processes import terminate_groups
-from meshtrain.backends.local.supervisor import (
-    STOP_GRACE_SECONDS,
-    TAIL_LINES,
-    Supervisor,
-    supervise,
-)
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.processes import terminate_groups
+from meshtrain.backends.hosts.supervisor import STOP_GRACE_SECONDS, HostSupervisor, supervise
 from meshtrain.contract import env as names
 from meshtrain.contract.jobspec import JobSpec
 
@@ -48,7 +40,7 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, attempt: int) -> dict
             names.MESHTRAIN_ATTEMPT: str(attempt)}
 
 
-class DockerSupervisor(Supervisor):
+class DockerSupervisor(HostSupervisor):
     """Runs the hosts of one job as containers and removes them when the job ends."""
 
     label = "docker supervisor"
@@ -61,29 +53,19 @@ class DockerSupervisor(Supervisor):
     def __init__(self, job_dir: JobDirectory) -> None:
         super().__init__(job_dir)
         self.settings = DockerSettings.from_json(settings_file(job_dir).read_text())
+        self.host_env: dict[str, str] = {}
 
-    def start_hosts(self, attempt: int = 1) -> list[threading.Thread]:
-        """Every host as a fresh container on a fresh job network (each attempt: the previous
-        attempt's containers and network were removed by end_hosts)."""
+    def prepare_attempt(self, attempt: int) -> None:
+        """A fresh job network for each attempt (the previous attempt's containers and network
+        were removed by end_hosts)."""
         docker(*network_create_command(self.settings))
-        readers = []
-        self.hosts, self.tails, self.failed_hosts = {}, {}, []
-        checkpoint_folder(self.spec, self.job_dir).mkdir(parents=True, exist_ok=True)
-        host_env = host_environment(self.spec, self.job_dir, attempt)
-        for host in self.spec.hosts:
-            work_dir = self.job_dir.host_work_dir(host)
-            work_dir.mkdir(parents=True, exist_ok=True)
-            argv = run_command(self.settings, host, self.job_dir.host_paths(host).base,
-                               work_dir, host_env)
-            proc = subprocess.Popen([docker_binary(), *argv], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            self.hosts[host] = proc
-            self.tails[host] = deque(maxlen=TAIL_LINES)
-            reader = threading.Thread(target=self._pump, args=(host, proc), daemon=True)
-            reader.start()
-            readers.append(reader)
-        return readers
+        self.host_env = host_environment(self.spec, self.job_dir, attempt)
+
+    def host_process(self, host: str, attempt: int) -> tuple[list[str], dict[str, str] | None]:
+        """An attached `docker run` of the host's container."""
+        argv = run_command(self.settings, host, self.job_dir.host_paths(host).base,
+                           self.job_dir.host_work_dir(host), self.host_env)
+        return [docker_binary(), *argv], None
 
     def end_hosts(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         """A stop first gives the ranks their grace period (`docker stop`); then the job's

@@ -56,6 +56,10 @@ def parse_shm_size(value: Any) -> int | None:
     return size
 
 
+OPTIONS = frozenset({"jobs_dir", "volumes", "shm_size"})
+"""The backend options Docker jobs take, declared once (meshtrain.targets reads them)."""
+
+
 def check_options(jobs_dir: Any = None, volumes: Any = None, shm_size: Any = None) -> None:
     """The Docker options' values, checked when the Estimator is made (ConfigError)."""
     parse_volumes(volumes)

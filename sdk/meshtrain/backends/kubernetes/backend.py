@@ -9,12 +9,21 @@ job; the handle maps the job's conditions to DescribeTrainingJob's statuses.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshtrain.backends.kubernetes.handle import SPEC_KEY, KubernetesTrainingJob, job_api
+from meshtrain.backends import BackendUnreachable
+from meshtrain.backends.kubernetes.handle import (
+    SPEC_KEY,
+    KubernetesTrainingJob,
+    describe_job,
+    job_api,
+)
 from meshtrain.backends.kubernetes.render import render_spec
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+
+if TYPE_CHECKING:
+    from meshtrain.targets import Target
 
 
 def _client_module() -> Any:
@@ -26,15 +35,22 @@ def _client_module() -> Any:
                           "which needs nothing).") from None
     return kubernetes
 
+LOOKUP_SECONDS = 10
+OPTIONS = frozenset({"namespace", "kube_context", "kubeconfig", "kind", "code_in_image",
+                     "api_client"})
+"""The backend options Kubernetes jobs take (meshtrain.targets reads them from here)."""
+
 
 class KubernetesBackend:
     """Submit to, and find jobs on, one namespace of one cluster."""
 
     name = "kubernetes"
 
-    def __init__(self, namespace: str = "default", kube_context: str | None = None,
-                 kubeconfig: str | None = None, kind: str = "PyTorchJob",
-                 code_in_image: bool = False, api_client: Any = None) -> None:
+    def __init__(self, target: Target | None = None, namespace: str = "default",
+                 kube_context: str | None = None, kubeconfig: str | None = None,
+                 kind: str = "PyTorchJob", code_in_image: bool = False,
+                 api_client: Any = None) -> None:
+        self.target = target
         self.namespace, self.kind, self.code_in_image = namespace, kind, code_in_image
         self._context, self._kubeconfig, self._api_client = kube_context, kubeconfig, api_client
 
@@ -49,7 +65,7 @@ class KubernetesBackend:
 
     def render(self, spec: JobSpec) -> list[dict[str, Any]]:
         objects = render_spec(spec, namespace=self.namespace, kind=self.kind,
-                              code_in_image=self.code_in_image)
+                              code_in_image=self.code_in_image, target=self.target)
         objects[0]["data"][SPEC_KEY] = spec.to_json()
         return objects
 
@@ -82,3 +98,57 @@ class KubernetesBackend:
 
     def load_spec(self, job_name: str) -> JobSpec:
         return self.attach(job_name).spec()
+
+    # --- the job registry -------------------------------------------------------------------
+
+    def find(self, job_name: str) -> KubernetesTrainingJob | None:
+        """The job `job_name` of this namespace, None if it has none; BackendUnreachable
+        without the client, without a kubeconfig, or when the API server does not answer."""
+        kubernetes = self._reachable_client()
+        group, version, plural = job_api(self.kind)
+        try:
+            kubernetes.client.CustomObjectsApi(self.api_client).get_namespaced_custom_object(
+                group, version, self.namespace, plural, job_name, _request_timeout=LOOKUP_SECONDS)
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise BackendUnreachable(f"the API server refused the lookup ({error.status} "
+                                     f"{error.reason})") from None
+        except Exception as error:  # urllib3's connection errors: the cluster is not there
+            raise BackendUnreachable(f"the API server did not answer: {error}") from None
+        return self.attach(job_name)
+
+    def job_names(self) -> list[str]:
+        """The names of this namespace's jobs of this kind."""
+        return [row["TrainingJobName"] for row in self.summaries()]
+
+    def summaries(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """This namespace's jobs of this kind, newest first, as DescribeTrainingJob shapes."""
+        kubernetes = self._reachable_client()
+        group, version, plural = job_api(self.kind)
+        try:
+            listed = kubernetes.client.CustomObjectsApi(
+                self.api_client).list_namespaced_custom_object(
+                group, version, self.namespace, plural, _request_timeout=LOOKUP_SECONDS)
+        except Exception as error:  # refused or not there
+            raise BackendUnreachable(f"the API server did not answer: {error}") from None
+        rows = [describe_job(item) for item in listed.get("items", [])]
+        rows.sort(key=lambda row: row.get("CreationTime") or "", reverse=True)
+        return rows[:limit]
+
+    def not_found(self, job_name: str) -> str:
+        return f"no Kubernetes {self.kind} {job_name} in namespace {self.namespace}"
+
+    def _reachable_client(self) -> Any:
+        """The client module once a kubeconfig has loaded; BackendUnreachable otherwise."""
+        try:
+            kubernetes = _client_module()
+        except ConfigError:
+            raise BackendUnreachable("the kubernetes client is not installed "
+                                     "(pip install 'meshtrain[k8s]')") from None
+        try:
+            self.api_client  # noqa: B018 - loads the kubeconfig
+        except Exception as error:  # kubernetes.config.ConfigException, a missing file
+            raise BackendUnreachable(f"no kubeconfig ({error}): set KUBECONFIG or pass "
+                                     "--kubeconfig") from None
+        return kubernetes

@@ -7,7 +7,6 @@ from typing import Any
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.targets import KUBERNETES_PREFIX
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -67,10 +66,6 @@ def check_spec(spec: JobSpec, *, gpus: int, processes: int) -> None:
     if not spec.image_uri:
         raise ConfigError("Kubernetes pods run an image: pass image_uri= (an image with python3, "
                           "torch and meshtrain's runtime, e.g. one built from containers/).")
-    if not spec.instance_type.removeprefix(KUBERNETES_PREFIX).startswith("ml."):
-        raise ConfigError(
-            f"instance_type={spec.instance_type!r}: a Kubernetes job names the node type it runs "
-            "on as an ml.* type (e.g. 'ml.p4d.24xlarge', whose node label is p4d.24xlarge).")
     if gpus and processes > gpus:
         raise ConfigError(
             f"processes_per_host={processes} exceeds the {gpus} GPUs of {spec.instance_type}: "

@@ -23,11 +23,13 @@ from meshtrain.contract import env as names
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.contract.paths import OptMLPaths
+from meshtrain.contract.paths import DEFAULT_BASE_DIR, OptMLPaths
+from meshtrain.targets import Target
 
 MAX_CONFIGMAP_CODE_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB in all
 MASTER_PORT = 23456  # the training operator's default (container port "pytorchjob-port")
-CONFIG_DIR = "/opt/ml/input/config"
+CONTAINER_PATHS = OptMLPaths(Path(DEFAULT_BASE_DIR))
+CONFIG_DIR = str(CONTAINER_PATHS.input_config_dir)
 CODE_ARCHIVE_DIR = "/opt/meshtrain/code"
 JOB_LABEL = "meshtrain.io/job-name"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "meshtrain"}
@@ -92,7 +94,7 @@ def render_config_map(spec: JobSpec, *, namespace: str, code_in_image: bool = Fa
 
 def _volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, container mounts): the contract, code, /dev/shm, channels, outputs."""
-    paths = OptMLPaths(Path("/opt/ml"))
+    paths = CONTAINER_PATHS
     config = f"{spec.job_name}-config"
     volumes: list[dict[str, Any]] = [
         {"name": "contract", "configMap": {"name": config, "items": [
@@ -243,8 +245,8 @@ def render_trainjob(spec: JobSpec, *, namespace: str, processes: int, limits: di
 
 
 def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTorchJob",
-                code_in_image: bool = False, rendezvous: dict[str, Any] | None = None
-                ) -> list[dict[str, Any]]:
+                code_in_image: bool = False, rendezvous: dict[str, Any] | None = None,
+                target: Target | None = None) -> list[dict[str, Any]]:
     """[ConfigMap, job] for `spec`; ConfigError before anything is rendered. `rendezvous`
     (PyTorchJob only) asks for an elastic one: backend ("c10d", "etcd" or "etcd-v2"), host,
     port, min_replicas; the distribution's torch_distributed.max_restarts becomes maxRestarts."""
@@ -257,7 +259,7 @@ def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTor
                           "owns its rendezvous).")
     checks.check_kind(kind)
     checks.check_namespace(namespace)
-    resources = node_resources(spec)
+    resources = node_resources(spec, target)
     checks.check_spec(spec, gpus=resources.gpus, processes=resources.processes)
     config_map = render_config_map(spec, namespace=namespace, code_in_image=code_in_image)
     common = {"namespace": namespace, "processes": resources.processes,

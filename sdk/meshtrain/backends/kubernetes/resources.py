@@ -1,21 +1,17 @@
 """What one pod asks of its node: GPUs and EFA interfaces from the instance type, processes.
 
-GPU counts come from the same table the SageMaker backend and the planner use (via targets.py).
-EFA interfaces per instance (``vpc.amazonaws.com/efa``, exposed by the EFA device plugin on EKS)
-are from the AWS EC2 user guide's table of EFA-capable instance types.
+GPU counts and EFA interfaces per instance (``vpc.amazonaws.com/efa``, exposed by the EFA device
+plugin on EKS) come from the instance table the SageMaker backend and the planner use, through
+the job's Target (meshtrain.targets resolves the "k8s:" type; nothing here reads it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.targets import KUBERNETES_PREFIX, resolve_target
-
-EFA_INTERFACES = {
-    "p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32,
-    "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p6-b200.48xlarge": 8,
-}
+from meshtrain.targets import Target, target_of
 
 
 @dataclass(frozen=True)
@@ -29,14 +25,18 @@ class NodeResources:
     limits: dict[str, str]
 
 
-def node_resources(spec: JobSpec) -> NodeResources:
+def node_resources(spec: JobSpec, target: Target | None = None) -> NodeResources:
     """GPUs, EFA interfaces and processes per pod for `spec`'s instance type."""
-    target = resolve_target(spec.instance_type)
-    node_type = spec.instance_type.removeprefix(KUBERNETES_PREFIX).removeprefix("ml.")
+    target = target_of(spec.instance_type, target)
+    row = target.instance
+    if row is None:  # a type of this machine ("local") rendered as a manifest
+        raise ConfigError(
+            f"instance_type={spec.instance_type!r}: a Kubernetes job names the node type it runs "
+            "on as an ml.* type (e.g. 'ml.p4d.24xlarge', whose node label is p4d.24xlarge).")
     processes = spec.distribution_config().processes_per_host(target.gpus_per_host)
     limits: dict[str, str] = {}
     if target.gpus_per_host:
         limits["nvidia.com/gpu"] = str(target.gpus_per_host)
-    if EFA_INTERFACES.get(node_type):
-        limits["vpc.amazonaws.com/efa"] = str(EFA_INTERFACES[node_type])
-    return NodeResources(node_type, target.gpus_per_host, processes, limits)
+    if row.efa:
+        limits["vpc.amazonaws.com/efa"] = str(row.efa_interfaces)
+    return NodeResources(row.node_label, target.gpus_per_host, processes, limits)

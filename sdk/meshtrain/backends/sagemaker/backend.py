@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
+from meshtrain.backends import BackendUnreachable
 from meshtrain.backends.sagemaker.checks import (
     ROLE_ARN,
     check_training_job,
@@ -43,9 +44,15 @@ from meshtrain.backends.sagemaker.spec import spec_from_description
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.targets import target_of
+
+if TYPE_CHECKING:
+    from meshtrain.targets import Target
 
 logger = logging.getLogger(__name__)
 LOGS_CLIENT_CONFIG = Config(retries={"max_attempts": 15, "mode": "standard"})  # as the SDK
+LOOKUP_CLIENT_CONFIG = Config(connect_timeout=5, read_timeout=15,
+                              retries={"max_attempts": 2, "mode": "standard"})
 
 
 def _error_code(error: ClientError) -> str:
@@ -57,7 +64,8 @@ class SageMakerBackend:
 
     name = "sagemaker"
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, target: Target | None = None, **options: Any) -> None:
+        self.target = target
         self.options: SageMakerOptions = build_options(**options)
         self._session = self.options.boto_session
         self._clients: dict[str, Any] = {}
@@ -92,7 +100,8 @@ class SageMakerBackend:
 
     def validate(self, spec: JobSpec) -> None:
         """Everything SageMaker would reject, checked locally: raises ConfigError, no AWS call."""
-        check_training_job(spec, self.options, self.region)
+        check_training_job(spec, target_of(spec.instance_type, self.target), self.options,
+                           self.region)
 
     def submit(self, spec: JobSpec) -> SageMakerTrainingJob:
         """Validate, stage the code in S3 and call CreateTrainingJob; return the job's handle."""
@@ -115,6 +124,55 @@ class SageMakerBackend:
         """The JobSpec of an existing job, rebuilt from DescribeTrainingJob."""
         return spec_from_description(self._describe(job_name), self.region)
 
+    # --- the job registry -------------------------------------------------------------------
+
+    def find(self, job_name: str) -> SageMakerTrainingJob | None:
+        """The handle of the training job `job_name`, None if SageMaker has none;
+        BackendUnreachable without a region or credentials, or when AWS cannot be reached."""
+        try:
+            self._describe(job_name, client=self._lookup_client())
+        except ConfigError:
+            return None
+        return self.handle(job_name)
+
+    def job_names(self) -> list[str]:
+        """The most recent training jobs' names (one ListTrainingJobs page)."""
+        try:
+            response = self._lookup_client().list_training_jobs(
+                SortBy="CreationTime", SortOrder="Descending", MaxResults=100)
+        except (BotoCoreError, ClientError) as error:
+            raise BackendUnreachable(f"AWS could not be reached: {error}") from None
+        return [job["TrainingJobName"] for job in response.get("TrainingJobSummaries", [])]
+
+    def summaries(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The most recent training jobs, newest first (one ListTrainingJobs page); an ended
+        job's FailureReason, which the page lacks, comes from DescribeTrainingJob."""
+        client = self._lookup_client()
+        try:
+            response = client.list_training_jobs(SortBy="CreationTime", SortOrder="Descending",
+                                                 MaxResults=min(limit or 100, 100))
+        except (BotoCoreError, ClientError) as error:
+            raise BackendUnreachable(f"AWS could not be reached: {error}") from None
+        rows = sorted(response.get("TrainingJobSummaries", []),  # not every endpoint sorts
+                      key=lambda job: job["CreationTime"].timestamp(), reverse=True)
+        for row in rows:
+            if row["TrainingJobStatus"] in ("Failed", "Stopped"):
+                row.update({key: value for key, value in self._describe(
+                    row["TrainingJobName"], client=client).items()
+                    if key in ("FailureReason", "SecondaryStatus", "StoppingCondition")})
+        return rows[:limit]
+
+    def not_found(self, job_name: str) -> str:
+        return f"no SageMaker training job named {job_name!r} in {self.region}"
+
+    def _lookup_client(self) -> Any:
+        """A SageMaker client that gives up quickly (a lookup must not hang on a dead network);
+        BackendUnreachable when nothing configures a region or credentials."""
+        if not self.region or self.session.get_credentials() is None:
+            raise BackendUnreachable("no AWS region or credentials: pass --region / configure "
+                                     "AWS")
+        return self.session.client("sagemaker", config=LOOKUP_CLIENT_CONFIG)
+
     # --- steps ------------------------------------------------------------------------------
 
     def handle(self, job_name: str) -> SageMakerTrainingJob:
@@ -124,15 +182,21 @@ class SageMakerBackend:
             poll_seconds=self.options.poll_seconds,
             describe_seconds=self.options.describe_seconds)
 
-    def _describe(self, job_name: str) -> dict[str, Any]:
+    def _describe(self, job_name: str, client: Any = None) -> dict[str, Any]:
         try:
-            description = self.client("sagemaker").describe_training_job(
+            description = (client or self.client("sagemaker")).describe_training_job(
                 TrainingJobName=job_name)
         except ClientError as error:
             if _error_code(error) in ("ValidationException", "ResourceNotFound"):
                 raise ConfigError(f"no SageMaker training job named {job_name!r} in "
                                   f"{self.region}: {error}") from None
-            raise
+            if client is None:
+                raise
+            raise BackendUnreachable(f"AWS refused the lookup: {error}") from None
+        except BotoCoreError as error:
+            if client is None:
+                raise
+            raise BackendUnreachable(f"AWS could not be reached: {error}") from None
         description.pop("ResponseMetadata", None)
         return description
 
@@ -143,7 +207,7 @@ class SageMakerBackend:
         # output_path's bucket or code_location, and the default bucket is never touched.
         bucket = self.ensure_default_bucket() if spec.output_path is None else ""
         output_path = spec.output_path or default_output_path(bucket)
-        image = resolve_image_uri(spec, region)
+        image = resolve_image_uri(spec, target_of(spec.instance_type, self.target), region)
         code_uri = code_uri_for(spec, self.options, bucket)
         derived = bool(bucket) and self.options.default_bucket is None
         owner = self.account_id() if derived and code_uri.startswith(f"s3://{bucket}/") else None

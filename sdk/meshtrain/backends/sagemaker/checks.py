@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from meshtrain.backends.s3_uri import BUCKET, parse_s3_uri
 from meshtrain.backends.sagemaker.images import check_framework_versions, training_image_uri
 from meshtrain.backends.sagemaker.options import SageMakerOptions
 from meshtrain.backends.sagemaker.request import code_uri_for, submit_directory
@@ -20,11 +21,12 @@ from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.contract.support import check_restarts_supported, check_stop_grace_supported
 from meshtrain.naming import check_job_name
-from meshtrain.plan.instances import gpus_per_instance
+
+if TYPE_CHECKING:
+    from meshtrain.targets import Target
 
 ROLE_ARN = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$")
 ROLE_NAME = re.compile(r"^[\w+=,.@-]{1,64}$")
-BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 REGION = re.compile(r"^[a-z]{2,5}(-[a-z]+)+-\d+$")
 MAX_HYPERPARAMETERS, MAX_HP_KEY, MAX_HP_VALUE = 100, 256, 2500
 MAX_ENV, MAX_ENV_KEY, MAX_ENV_VALUE = 100, 512, 512
@@ -34,21 +36,6 @@ SAGEMAKER_STOP_GRACE_SECONDS = 120  # StopTrainingJob: SIGTERM, then SIGKILL 120
 IMAGE_URI_ENV = "MESHTRAIN_IMAGE_URI"
 INPUT_MODES = ("File", "Pipe", "FastFile")
 PLACEHOLDER_ACCOUNT = "0" * 12  # an account id always has 12 digits: lengths stay exact
-
-
-def parse_s3_uri(uri: Any, what: str) -> tuple[str, str]:
-    """(bucket, key) of an ``s3://bucket/key`` URI, or a ConfigError naming `what`."""
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        fix = " File URIs work in local mode only." if str(uri).startswith("file://") else ""
-        raise ConfigError(f"{what}={uri!r} must be an S3 URI such as 's3://my-bucket/data/'."
-                          f"{fix} Upload the data to S3 first.")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not BUCKET.match(bucket) or ".." in bucket:
-        raise ConfigError(f"{what}={uri!r}: {bucket!r} is not a valid S3 bucket name (3-63 "
-                          "lower-case letters, digits, '.' and '-').")
-    if len(uri) > 1024:
-        raise ConfigError(f"{what} is {len(uri)} characters long; SageMaker allows 1024.")
-    return bucket, key
 
 
 def check_region(region: str | None) -> str:
@@ -75,14 +62,21 @@ def check_role(role: Any) -> str:
                       "('arn:aws:iam::<12-digit account>:role/<name>') nor a role name.")
 
 
-def check_instances(spec: JobSpec) -> int:
-    """The instance type is a known ml.* type; degrees fit instance_count x GPUs. Returns GPUs."""
-    if not spec.instance_type.startswith("ml."):
+def check_instances(spec: JobSpec, target: Target) -> int:
+    """The instance type is a known ml.* type; processes fit its GPUs; degrees fit
+    instance_count x processes. Returns GPUs."""
+    if target.instance is None:
         raise ConfigError(f"instance_type={spec.instance_type!r} is not a SageMaker type: use "
                           "an ml.* type such as 'ml.p4d.24xlarge'.")
-    gpus = gpus_per_instance(spec.instance_type)
+    gpus = target.gpus_per_host
     config = spec.distribution_config()
     per_host = config.processes_per_host(gpus)
+    if gpus and per_host > gpus:
+        raise ConfigError(
+            f"processes_per_host={per_host} exceeds the {gpus} GPUs of {spec.instance_type}: "
+            f"each process needs a GPU of its own on SageMaker. Use processes_per_host={gpus} "
+            "or fewer (or leave it out: one process per GPU), or an instance type with more "
+            "GPUs.")
     if config.model_parallel_enabled:
         resolve_degrees(config.smp, spec.instance_count * per_host, ranks_per_host=per_host,
                         world_description=f"{spec.instance_count} x {spec.instance_type} with "
@@ -209,18 +203,18 @@ def check_source_location(spec: JobSpec) -> None:
                               "them into it, or use a local source_dir.")
 
 
-def check_resources(spec: JobSpec, region: str | None = None) -> None:
+def check_resources(spec: JobSpec, target: Target, region: str | None = None) -> None:
     """Input mode, volume size and the image URI."""
     if spec.input_mode not in INPUT_MODES:
         raise ConfigError(f"input_mode={spec.input_mode!r} is not one of {', '.join(INPUT_MODES)}.")
     if spec.volume_size < 0:
         raise ConfigError(f"volume_size={spec.volume_size} GB must be >= 0.")
-    image = resolve_image_uri(spec, region or spec.region)
+    image = resolve_image_uri(spec, target, region or spec.region)
     if not 1 <= len(image) <= 255:
         raise ConfigError(f"image_uri is {len(image)} characters; SageMaker allows 1-255.")
 
 
-def resolve_image_uri(spec: JobSpec, region: str | None) -> str:
+def resolve_image_uri(spec: JobSpec, target: Target, region: str | None) -> str:
     """The training image: `image_uri`; else, with framework_version/py_version, AWS's PyTorch
     (or SMP v2) training image for the region, as the SDK picks it; else $MESHTRAIN_IMAGE_URI
     (meshtrain's image from containers/, pushed to the user's own repository). None of them
@@ -228,11 +222,12 @@ def resolve_image_uri(spec: JobSpec, region: str | None) -> str:
     if spec.image_uri:
         return spec.image_uri
     if spec.framework_version is not None or spec.py_version is not None:
-        distribution = spec.distribution.to_dict() if spec.distribution else None
-        check_framework_versions(spec.framework_version, spec.py_version, spec.instance_type,
-                                 distribution)
+        if target.instance is None:
+            raise ConfigError(f"instance_type={spec.instance_type!r} has no AWS image.")
+        check_framework_versions(spec.framework_version, spec.py_version, target.instance,
+                                 spec.distribution)
         return training_image_uri(str(region), str(spec.framework_version),
-                                  str(spec.py_version), spec.instance_type, distribution)
+                                  str(spec.py_version), target.instance, spec.distribution)
     image = os.environ.get(IMAGE_URI_ENV)
     if not image:
         raise ConfigError(
@@ -243,18 +238,19 @@ def resolve_image_uri(spec: JobSpec, region: str | None) -> str:
     return image
 
 
-def check_training_job(spec: JobSpec, options: SageMakerOptions, region: str | None) -> None:
+def check_training_job(spec: JobSpec, target: Target, options: SageMakerOptions,
+                       region: str | None) -> None:
     """Everything SageMaker would reject, checked locally; raises ConfigError. No AWS calls."""
     check_job_name(spec.job_name)
     check_region(region)
     check_role(spec.role)
-    check_instances(spec)
+    check_instances(spec, target)
     check_stopping(spec)
     check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
                              "SageMaker")
     check_stop_grace_supported(spec.distribution_config().torch_distributed.stop_grace_seconds,
                                "SageMaker", SAGEMAKER_STOP_GRACE_SECONDS)
-    check_resources(spec, region)
+    check_resources(spec, target, region)
     check_locations(spec, options)
     check_environment(spec.environment)
     check_tags(spec.tags)

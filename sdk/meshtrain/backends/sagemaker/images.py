@@ -16,7 +16,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
+from meshtrain.instances import InstanceSpec
 
 TABLE_FILE = "pytorch_images.json"
 SMP_CU124 = ("2.5",)
@@ -30,31 +32,32 @@ def image_table() -> dict[str, Any]:
     return json.loads(text)
 
 
-def uses_smp_image(distribution: dict[str, Any] | None) -> bool:
-    """SDK rule: torch_distributed and smdistributed.modelparallel (enabled unless False)."""
-    if not distribution or "torch_distributed" not in distribution:
+def uses_smp_image(config: DistributionConfig | None) -> bool:
+    """SDK rule: torch_distributed and smdistributed.modelparallel, enabled unless it says
+    False (a modelparallel block without "enabled" counts, as in the SDK)."""
+    if config is None or config.smdistributed is None:
         return False
-    modelparallel = (distribution.get("smdistributed") or {}).get("modelparallel")
-    return isinstance(modelparallel, dict) and modelparallel.get("enabled", True) is not False
+    modelparallel = config.smdistributed.modelparallel
+    if modelparallel is None:
+        return False
+    return modelparallel.enabled or "enabled" not in modelparallel.model_fields_set
 
 
-def _smp_cuda(framework_version: str, instance_type: str) -> str:
-    # Substring tests, exactly as the SDK writes them.
+def _smp_cuda(framework_version: str, instance: InstanceSpec) -> str:
+    # Substring tests, as the SDK writes them ("p5" in the instance type: the p5 families).
     if any(v in framework_version for v in SMP_CU124):
         return "cu124"
-    if "p5" in instance_type or any(v in framework_version for v in SMP_CU121):
+    if instance.family.startswith("p5") or any(v in framework_version for v in SMP_CU121):
         return "cu121"
     return "cu118"
 
 
-def _processor(instance_type: str, available: list[str]) -> str:
-    family = instance_type.split(".")[1] if instance_type.count(".") == 2 else ""
-    processor = "gpu" if family[:1] in ("g", "p") else "cpu"
-    if family.startswith(("inf", "trn")) or processor not in available:
-        raise ConfigError(f"instance_type={instance_type!r}: AWS's PyTorch training images for "
-                          f"this framework come for {', '.join(available)} instances only; "
-                          "choose such a type, or pass image_uri.")
-    return processor
+def _processor(instance: InstanceSpec, available: list[str]) -> str:
+    if instance.processor not in available:
+        raise ConfigError(f"instance_type={instance.instance_type!r}: AWS's PyTorch training "
+                          f"images for this framework come for {', '.join(available)} "
+                          "instances only; choose such a type, or pass image_uri.")
+    return instance.processor
 
 
 def _version_config(framework: str, config: dict[str, Any], version: str) -> dict[str, Any]:
@@ -71,13 +74,13 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
 
 
-def training_image_uri(region: str, framework_version: str, py_version: str, instance_type: str,
-                       distribution: dict[str, Any] | None = None) -> str:
+def training_image_uri(region: str, framework_version: str, py_version: str,
+                       instance: InstanceSpec, config: DistributionConfig | None = None) -> str:
     """The AWS training image the SDK's PyTorch estimator would use; ConfigError if none."""
     table = image_table()
-    framework = "pytorch-smp" if uses_smp_image(distribution) else "pytorch"
-    config = table["frameworks"][framework]
-    version_config = _version_config(framework, config, framework_version)
+    framework = "pytorch-smp" if uses_smp_image(config) else "pytorch"
+    framework_config = table["frameworks"][framework]
+    version_config = _version_config(framework, framework_config, framework_version)
     py_versions = version_config.get("py_versions") or []
     if py_version not in py_versions:
         raise ConfigError(f"py_version={py_version!r} is not available for framework_version="
@@ -87,9 +90,9 @@ def training_image_uri(region: str, framework_version: str, py_version: str, ins
         raise ConfigError(f"AWS publishes no {version_config['repository']} image for "
                           f"framework_version={framework_version!r} in region {region!r}. "
                           f"Regions: {', '.join(sorted(registries))}.")
-    processor = _processor(instance_type, config.get("processors")
+    processor = _processor(instance, framework_config.get("processors")
                            or version_config.get("processors") or ["cpu", "gpu"])
-    cuda = _smp_cuda(framework_version, instance_type) if framework == "pytorch-smp" else None
+    cuda = _smp_cuda(framework_version, instance) if framework == "pytorch-smp" else None
     prefix = version_config.get("tag_prefix", framework_version)
     tag = "-".join(x for x in (prefix, processor, py_version, cuda) if x)
     return (f"{registries[region]}.dkr.{table['ecr_hostnames'][region]}/"
@@ -97,7 +100,7 @@ def training_image_uri(region: str, framework_version: str, py_version: str, ins
 
 
 def check_framework_versions(framework_version: str | None, py_version: str | None,
-                             instance_type: str, distribution: dict[str, Any] | None) -> None:
+                             instance: InstanceSpec, config: DistributionConfig | None) -> None:
     """The SDK's checks when the image comes from the versions (no image_uri): both versions
     given, and torch_distributed only with the versions the SDK allows on GPU types."""
     if framework_version is None or py_version is None:
@@ -105,12 +108,12 @@ def check_framework_versions(framework_version: str | None, py_version: str | No
                           "py_version (e.g. framework_version='2.5.1', py_version='py311') to "
                           "pick AWS's PyTorch training image, or image_uri, or "
                           "$MESHTRAIN_IMAGE_URI for meshtrain's own image.")
-    enabled = ((distribution or {}).get("torch_distributed") or {}).get("enabled", False)
+    enabled = config is not None and config.torch_distributed.enabled
     allowed = image_table()["torch_distributed_gpu_versions"]
-    family = instance_type.split(".")[1] if instance_type.count(".") == 2 else ""
-    if enabled and family[:1] in ("g", "p") and framework_version not in allowed:
+    if enabled and instance.processor == "gpu" and framework_version not in allowed:
         raise ConfigError(f"framework_version={framework_version!r} is not supported by "
-                          f"torch_distributed on {instance_type} (SageMaker SDK). Supported: "
+                          f"torch_distributed on {instance.instance_type} (SageMaker SDK). "
+                          "Supported: "
                           f"{', '.join(allowed)}.")
     if enabled and "py3" not in py_version:
         raise ConfigError(f"py_version={py_version!r}: torch_distributed needs a py3 version.")

@@ -49,6 +49,8 @@ class SageMakerOptions:
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SageMakerOptions))
+OPTIONS = frozenset({*OPTION_NAMES, "sagemaker_session"})
+"""The backend options SageMaker jobs take (meshtrain.targets reads them from here)."""
 
 
 def _as_tuple(name: str, value: Any) -> tuple[str, ...] | None:

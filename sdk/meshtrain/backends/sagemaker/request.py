@@ -8,16 +8,19 @@ estimator's hyperparameters. Pure functions: no AWS calls, so golden tests can p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from meshtrain.backends.sagemaker.metrics import with_standard_definitions
 from meshtrain.backends.sagemaker.options import SageMakerOptions
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.paths import DEFAULT_BASE_DIR, OptMLPaths
 
 # With network isolation the code arrives through the "code" channel (SDK
 # `CONTAINER_CODE_CHANNEL_SOURCEDIR_PATH`).
 CODE_CHANNEL = "code"
-NETWORK_ISOLATION_SUBMIT_DIRECTORY = "/opt/ml/input/data/code/sourcedir.tar.gz"
+NETWORK_ISOLATION_SUBMIT_DIRECTORY = str(
+    OptMLPaths(Path(DEFAULT_BASE_DIR)).channel_dir("code") / "sourcedir.tar.gz")
 # SDK fw_utils: regions without SageMaker Debugger / profiling.
 DEBUGGER_UNSUPPORTED_REGIONS = frozenset({
     "us-iso-east-1", "us-isob-east-1", "ap-southeast-3", "ap-southeast-4", "eu-south-2",

@@ -4,11 +4,11 @@ AWS's PyTorch training images (``pytorch-training``, ``smdistributed-modelparall
 SageMaker training toolkit, which unpacks the code into ``/opt/ml/code``, puts that directory
 first on ``sys.path`` and exports it in ``PYTHONPATH`` to every process it starts (torchrun's
 ranks included). So ``meshtrain_runtime/`` and ``meshtrain/contract/`` (with
-``meshtrain/__init__.py``) are packed at the top of the archive, next to the user's code:
-``import meshtrain_runtime`` then works in the entry point wherever it sits, and the request stays
-the one the SageMaker SDK sends. The runtime's one requirement beyond torch, pydantic, is added
-to the archive's ``requirements.txt`` (a copy: the user's file is not changed), which the toolkit
-installs before it starts the script.
+``meshtrain/__init__.py`` and ``version.py``) are packed at the top of the archive, next to the
+user's code: ``import meshtrain_runtime`` then works in the entry point wherever it sits, and the
+request stays the one the SageMaker SDK sends. The runtime's one requirement beyond torch,
+pydantic, is added to the archive's ``requirements.txt`` (a copy: the user's file is not
+changed), which the toolkit installs before it starts the script.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-import meshtrain
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.version import CLIENT_PACKAGE
 
 AWS_REPOSITORIES = ("/pytorch-training:", "/smdistributed-modelparallel:")
 RUNTIME_REQUIREMENTS = ("pydantic>=2.6",)
@@ -35,16 +35,17 @@ def ships_runtime(spec: JobSpec, image_uri: str) -> bool:
 
 
 def stage_runtime(scratch: Path) -> list[Path]:
-    """Copies of `meshtrain/{__init__.py,contract}` and `meshtrain_runtime` under `scratch`,
-    as dependency directories for write_sourcedir_tarball (each lands under its own name)."""
+    """Copies of `meshtrain/{__init__.py,version.py,contract}` and `meshtrain_runtime` under
+    `scratch`, as dependency directories for write_sourcedir_tarball (each under its name)."""
     runtime = importlib.util.find_spec("meshtrain_runtime")  # located, not imported (torch)
     if runtime is None or runtime.origin is None:
         raise ConfigError("meshtrain_runtime is not installed next to meshtrain, so it cannot be "
                           "shipped to the AWS image: reinstall meshtrain, or pass image_uri.")
-    client = Path(meshtrain.__file__).parent
+    client = CLIENT_PACKAGE
     shipped = scratch / "meshtrain"
     shipped.mkdir(parents=True)
-    shutil.copy2(client / "__init__.py", shipped / "__init__.py")
+    for name in ("__init__.py", "version.py"):  # the package's __init__ imports its version
+        shutil.copy2(client / name, shipped / name)
     shutil.copytree(client / "contract", shipped / "contract",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return [shipped, Path(runtime.origin).parent]

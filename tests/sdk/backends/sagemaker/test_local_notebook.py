@@ -89,8 +89,8 @@ def test_a_sagemaker_cell_runs_locally_with_s3_in_and_out(aws, tmp_path, monkeyp
 
 def test_processes_per_host_defaults_to_this_machines_gpus_on_both_sides(monkeypatch, tmp_path):
     from meshtrain import targets
+    from meshtrain.backends.hosts.layout import JobDirectory
     from meshtrain.backends.local import supervisor
-    from meshtrain.backends.local.layout import JobDirectory
     from meshtrain.contract.env import MESHTRAIN_NUM_GPUS
 
     monkeypatch.delenv(MESHTRAIN_NUM_GPUS, raising=False)

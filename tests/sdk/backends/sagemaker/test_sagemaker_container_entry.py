@@ -92,7 +92,7 @@ def test_train_entry_runs_the_job_meshtrain_submitted(aws, tmp_path):
     s3.put_object(Bucket="data-bucket", Key="train/shard-0.txt", Body=b"1 2 3")
     estimator = Estimator("train.py", source_dir=str(source), role=ROLE,
                           image_uri="meshtrain:0.1.0",  # containers/Dockerfile's image
-                          instance_type="ml.g5.2xlarge", distribution=DISTRIBUTION,
+                          instance_type="ml.g5.12xlarge", distribution=DISTRIBUTION,
                           hyperparameters={"epochs": 3}, environment={"NCCL_DEBUG": "WARN"},
                           metric_definitions=metric_definitions("train:loss"))
     estimator.fit({"train": "s3://data-bucket/train"}, job_name="container-run", wait=False)

@@ -15,6 +15,8 @@ from sagemaker_moto import REGION, ROLE
 
 from meshtrain import ConfigError, Estimator
 from meshtrain.backends.sagemaker.images import image_table, training_image_uri
+from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.instances import instance_spec
 from meshtrain.sagemaker import FileSystemInput, PyTorch, ShuffleConfig, TrainingInput
 
 SMP = {"torch_distributed": {"enabled": True},
@@ -134,9 +136,10 @@ def test_images_come_from_the_versions(aws, source):
 ])
 def test_smp_distributions_get_the_smp_image(version, instance, tag):
     py = "py310" if version == "2.0.1" else "py311"
-    uri = training_image_uri("us-east-1", version, py, instance, SMP)
+    row, smp = instance_spec(instance), DistributionConfig.from_dict(SMP)
+    uri = training_image_uri("us-east-1", version, py, row, smp)
     assert uri.endswith(f".dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:{tag}")
-    assert training_image_uri("cn-north-1", "2.5.1", "py311", instance).endswith(
+    assert training_image_uri("cn-north-1", "2.5.1", "py311", row).endswith(
         ".dkr.ecr.cn-north-1.amazonaws.com.cn/pytorch-training:2.5.1-gpu-py311")
 
 

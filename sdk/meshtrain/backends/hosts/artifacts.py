@@ -8,7 +8,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from meshtrain.backends.local.layout import JobDirectory, local_path
+from meshtrain.backends.hosts.layout import JobDirectory, local_path
 from meshtrain.contract.jobspec import JobSpec
 
 TAR_OVERHEAD_BYTES = 1024  # a tar header plus padding, per member, at most

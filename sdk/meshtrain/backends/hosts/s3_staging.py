@@ -22,6 +22,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from meshtrain.backends.s3_uri import parse_s3_uri
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
 
@@ -30,8 +31,6 @@ CHANNELS_DIR = ("s3", "channels")
 
 
 def _parse(uri: str, what: str) -> tuple[str, str]:
-    from meshtrain.backends.sagemaker.checks import parse_s3_uri
-
     return parse_s3_uri(uri, what)
 
 

@@ -1,4 +1,5 @@
-"""The on-disk layout of a local job: one /opt/ml tree per host, logs, status."""
+"""The on-disk layout of a job whose hosts run on this machine: one /opt/ml tree per host,
+logs, status."""
 
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ class JobDirectory:
     @property
     def token_file(self) -> Path:
         return self.root / "job.token"
+
+    @property
+    def backend_file(self) -> Path:
+        """The name of the backend that made the job (a jobs_dir holds local and Docker jobs)."""
+        return self.root / "backend"
+
+    def read_backend(self) -> str:
+        """Which backend made the job; "local" for one made before the file existed."""
+        try:
+            return self.backend_file.read_text().strip() or "local"
+        except OSError:
+            return "local"
 
     def read_token(self) -> str:
         """The job's process token ('' for a job directory without one)."""

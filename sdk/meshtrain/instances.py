@@ -1,7 +1,8 @@
-"""SageMaker `ml.*` instance types: GPUs per instance, GPU memory, and nominal speeds.
+"""The instance table: `ml.*` instance types, their GPUs, EFA, GPU memory and nominal speeds.
 
-The SageMaker backend needs `gpus_per_instance` (how many processes torchrun starts per host);
-the planner also needs the GPU memory and the nominal speeds it ranks layouts with.
+The one place besides meshtrain.targets that reads an instance type string: targets.py resolves
+a job's instance type to a Target carrying its row (backends read the row, never the string);
+the planner reads GPU memory and the nominal speeds it ranks layouts with.
 
 Sources: GPU counts and instance network bandwidth from the AWS EC2 accelerated-computing
 instance pages; the GPUs themselves (meshtrain.contract.accelerators, shared with the runtime's
@@ -30,10 +31,39 @@ class InstanceSpec:
     num_gpus: int
     gpu: GPUSpec | None
     network_gbit_per_s: float
+    efa_interfaces: int = 0
+    """Elastic Fabric Adapter interfaces (0: no EFA), from the AWS EC2 user guide's table of
+    EFA-capable types; a Kubernetes pod asks for them as ``vpc.amazonaws.com/efa``."""
+
+    @property
+    def efa(self) -> bool:
+        """Whether hosts of this type talk over EFA (NCCL's fast path between hosts)."""
+        return self.efa_interfaces > 0
+
+    @property
+    def node_label(self) -> str:
+        """The type as EKS node labels name it, without SageMaker's "ml." prefix."""
+        return self.instance_type.removeprefix("ml.")
 
     @property
     def gpu_memory_gib(self) -> float:
         return self.gpu.memory_gib if self.gpu else 0.0
+
+    @property
+    def family(self) -> str:
+        """The family of the type ("p4d" of ml.p4d.24xlarge; "" for "local")."""
+        parts = self.instance_type.split(".")
+        return parts[1] if len(parts) == 3 else ""
+
+    @property
+    def processor(self) -> str:
+        """"gpu" for the G and P families (AWS's images come per processor), else "cpu"."""
+        return "gpu" if self.family[:1] in ("g", "p") else "cpu"
+
+    @property
+    def hardware(self) -> str:
+        """The hardware name: its GPU model, or "CPU"."""
+        return self.gpu.name if self.gpu else "CPU"
 
 
 
@@ -62,8 +92,15 @@ _FAMILIES: dict[str, tuple[GPUSpec, dict[str, tuple[int, float]]]] = {
                     "48xlarge": (8, 400)}),
 }
 
+# EFA interfaces per instance (AWS EC2 user guide, EFA-capable instance types).
+_EFA_INTERFACES = {
+    "ml.p3dn.24xlarge": 1, "ml.p4d.24xlarge": 4, "ml.p4de.24xlarge": 4, "ml.p5.48xlarge": 32,
+    "ml.p5e.48xlarge": 32, "ml.p5en.48xlarge": 16, "ml.p6-b200.48xlarge": 8,
+}
+
 _TABLE: dict[str, InstanceSpec] = {
-    f"ml.{family}.{size}": InstanceSpec(f"ml.{family}.{size}", gpus, gpu, float(net))
+    f"ml.{family}.{size}": InstanceSpec(f"ml.{family}.{size}", gpus, gpu, float(net),
+                                        _EFA_INTERFACES.get(f"ml.{family}.{size}", 0))
     for family, (gpu, sizes) in _FAMILIES.items()
     for size, (gpus, net) in sizes.items()
 }

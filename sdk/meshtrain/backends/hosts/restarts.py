@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 
-from meshtrain.backends.local.layout import JobDirectory
+from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.contract.jobspec import JobSpec
 
 __all__ = ["STOP_MARGIN_SECONDS", "archive_host_records", "attempt_line",

@@ -1,0 +1,222 @@
+"""The handle of a job whose hosts run on this machine: every method reads its job directory,
+so attach() works from any process."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from meshtrain.backends.hosts.artifacts import output_location
+from meshtrain.backends.hosts.layout import JobDirectory
+from meshtrain.backends.hosts.processes import carries_token, kill_job_processes, pids_of_job
+from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS
+from meshtrain.backends.hosts.s3_staging import read_destinations
+from meshtrain.contract.jobspec import JobSpec
+from meshtrain.display import JobDisplay, host_index, make_display
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.progress import total_steps_from
+
+POLL_SECONDS = 0.2
+STOP_GRACE_SECONDS = 10.0
+
+
+class HostTrainingJob(TrainingJob):
+    """Handle of a job under a jobs_dir; every method reads the job directory."""
+
+    def __init__(self, job_name: str, job_dir: JobDirectory) -> None:
+        super().__init__(job_name)
+        self.job_dir = job_dir
+        self._log_offset = 0
+
+    @property
+    def token(self) -> str:
+        """The token every process of this job carries (MESHTRAIN_JOB_TOKEN)."""
+        return self.job_dir.read_token()
+
+    def end_leftover_processes(self) -> int:
+        """A job whose supervisor was killed may leave processes without a lifeline (a script's
+        detached children): end every one still carrying the job's token."""
+        return kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
+
+    def processes(self) -> list[int]:
+        """PIDs of this job's processes still running (supervisor, hosts, agents, ranks)."""
+        return pids_of_job(self.token)
+
+    def _supervisor_pid(self) -> int | None:
+        """The supervisor's PID while it runs: a PID is only trusted if the process carries
+        this job's token (a recycled PID belongs to someone else)."""
+        try:
+            pid = int(self.job_dir.supervisor_pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if carries_token(pid, self.token) else None
+
+    def _supervisor_alive(self) -> bool:
+        return self._supervisor_pid() is not None
+
+    def _supervisor_gone(self, checks: int = 3) -> bool:
+        """Not alive at `checks` looks POLL_SECONDS apart: between fork and exec a just-started
+        supervisor still has its parent's environment (no token) and looks like a stranger."""
+        for check in range(checks):
+            if self._supervisor_alive():
+                return False
+            if check < checks - 1:
+                time.sleep(POLL_SECONDS)
+        return True
+
+    def _record_end(self, **changes: Any) -> dict[str, Any]:
+        """Record a terminal status the supervisor could not (never raises on a full disk)."""
+        try:
+            return self.job_dir.write_status(TrainingEndTime=time.time(), **changes)
+        except OSError:
+            return {**self.job_dir.read_status(), **changes}
+
+    def _record_end_of_dead_supervisor(self) -> dict[str, Any]:
+        if self.job_dir.stop_request_file.exists():
+            return self._record_end(TrainingJobStatus="Stopped")
+        return self._record_end(
+            TrainingJobStatus="Failed",
+            FailureReason="InternalServerError: the local supervisor process died")
+
+    def describe(self) -> dict[str, Any]:
+        status = self.job_dir.read_status()
+        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._supervisor_gone():
+            status = self.job_dir.read_status()  # it may have finished between the two reads
+            if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
+                status = self._record_end_of_dead_supervisor()
+        spec = self.job_dir.read_spec()
+        return _description(spec, self.job_dir, status)
+
+    def summary(self) -> dict[str, Any]:
+        """What a listing shows: the status file, checked like describe() while running."""
+        status = self.job_dir.read_status()
+        if status.get("TrainingJobStatus") not in TERMINAL_STATUSES:
+            status = self.describe()
+        return {"TrainingJobName": self.job_name, **status}
+
+    def _show_new_log(self, display: JobDisplay) -> None:
+        with open(self.job_dir.log_file, "rb") as log:
+            log.seek(self._log_offset)
+            chunk = log.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._log_offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            display.log(line, host=host_index(line))
+
+    def wait(self, logs: bool = True) -> None:
+        display = make_display(self.job_name, total_steps=total_steps_from(
+            self.job_dir.read_spec().hyperparameters)) if logs else None
+        try:
+            description = self._follow(display)
+        except KeyboardInterrupt:
+            if display is not None:
+                display.close()
+            self._stop_on_interrupt()
+            # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md); the
+            # message replaces the frames of the polling loop the user never wrote.
+            raise KeyboardInterrupt(f"training job {self.job_name} was stopped (Ctrl-C)"
+                                    ) from None
+        self._wait_for_supervisor_exit()  # it records the status just before it ends
+        if display is not None:
+            self._show_new_log(display)
+            display.close()
+            print(f"===== Job {description['TrainingJobStatus']} =====")
+        self.raise_for_status(description)
+
+    def _follow(self, display: JobDisplay | None) -> dict[str, Any]:
+        """Poll until the job is terminal, showing its new log lines and status meanwhile."""
+        while True:
+            description = self.describe()
+            if display is not None:
+                self._show_new_log(display)
+                display.status(description["TrainingJobStatus"])
+            if description["TrainingJobStatus"] in TERMINAL_STATUSES:
+                return description
+            time.sleep(POLL_SECONDS)
+
+    def _stop_on_interrupt(self) -> None:
+        """Ctrl-C while waiting: a local job dies with its client, and says so."""
+        print(f"\nStopping job {self.job_name} ... ", end="", flush=True)
+        try:
+            self.stop()
+        except KeyboardInterrupt:  # a second Ctrl-C: leave the supervisor to finish it
+            print(f"still stopping in the background; see `meshtrain status {self.job_name}`")
+            return
+        print(self.job_dir.read_status().get("TrainingJobStatus", "?").lower())
+
+    def logs(self) -> None:
+        """Print the job's merged log so far (every host, prefixed with its name)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with open(self.job_dir.log_file, "rb") as log:
+            for chunk in iter(lambda: log.read(1 << 20), b""):  # large logs: not all in memory
+                sys.stdout.write(decoder.decode(chunk))
+        sys.stdout.write(decoder.decode(b"", final=True))
+        sys.stdout.flush()
+
+    def log_lines(self) -> Iterator[str]:
+        """The merged log, streamed from disk line by line."""
+        with open(self.job_dir.log_file, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                yield line.rstrip("\n")
+
+    def stop(self) -> None:
+        """SIGTERM the supervisor, which ends every host and records the status. If it is gone
+        (killed) or does not end, every process still carrying the job's token is ended here
+        and the job is recorded as Stopped: the job is terminal when this returns."""
+        pid = self._supervisor_pid()
+        with contextlib.suppress(OSError):  # a full disk must not keep the job from stopping
+            self.job_dir.stop_request_file.touch()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
+                os.kill(pid, signal.SIGTERM)
+            # the ranks' grace period (torch_distributed.stop_grace_seconds), then packing
+            grace = self.job_dir.read_spec().distribution_config().torch_distributed
+            self._wait_for_supervisor_exit(grace.stop_grace_seconds + STOP_MARGIN_SECONDS + 60)
+        kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
+        if self.job_dir.read_status()["TrainingJobStatus"] not in TERMINAL_STATUSES:
+            self._record_end(TrainingJobStatus="Stopped")
+            with contextlib.suppress(OSError):
+                self.job_dir.add_transition("Stopped", "Training job stopped (its supervisor "
+                                                       "was gone; its processes were ended)")
+
+    def _wait_for_supervisor_exit(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self._supervisor_alive() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS / 4)
+
+
+def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -> dict[str, Any]:
+    """A DescribeTrainingJob-shaped view of a local job."""
+    model = f"file://{output_location(spec, job_dir) / 'model.tar.gz'}"
+    output_path = str(output_location(spec, job_dir).parent.parent)
+    s3_output = read_destinations(job_dir.root).get("output_path")
+    if s3_output:  # a SageMaker cell run locally: the supervisor uploads there, as SageMaker does
+        output_path = s3_output
+        model = f"{s3_output.rstrip('/')}/{spec.job_name}/output/model.tar.gz"
+    description = {
+        "TrainingJobName": spec.job_name,
+        "TrainingJobArn": f"arn:meshtrain:local:::training-job/{spec.job_name}",
+        "TrainingJobStatus": status["TrainingJobStatus"],
+        "SecondaryStatus": status.get("SecondaryStatus", "Starting"),
+        "SecondaryStatusTransitions": status.get("SecondaryStatusTransitions", []),
+        "HyperParameters": spec.container_hyperparameters(f"file://{job_dir.sourcedir_tarball}"),
+        "AlgorithmSpecification": {"TrainingImage": spec.image_uri or "local-processes",
+                                   "TrainingInputMode": spec.input_mode},
+        "ResourceConfig": {"InstanceType": spec.instance_type,
+                           "InstanceCount": spec.instance_count,
+                           "VolumeSizeInGB": spec.volume_size},
+        "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run},
+        "OutputDataConfig": {"S3OutputPath": output_path},
+        "ModelArtifacts": {"S3ModelArtifacts": model},
+        "CreationTime": status.get("CreationTime"),
+    }
+    for key in ("TrainingStartTime", "TrainingEndTime", "FailureReason", "FailedAttempts"):
+        if key in status:
+            description[key] = status[key]
+    return description
