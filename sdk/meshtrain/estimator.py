@@ -13,6 +13,7 @@ from meshtrain.backends import Backend
 from meshtrain.channels import check_channel_modes
 from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.hyperparameters import encode_distribution
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.estimator_checks import (
     check_backend_options,
@@ -139,8 +140,9 @@ class Estimator:
             raise ConfigError(f"plan_options must be a dict, got {type(plan_options).__name__}.")
         self.preflight, self.plan_model = preflight, plan_model
         self.plan_options = dict(plan_options or {})
-        check_reserved_hyperparameters(self.hyperparameters,
-                                       self._spec("reserved-check").distribution_hyperparameters())
+        # the typed config, encoded as the spec will encode it (no throw-away JobSpec)
+        check_reserved_hyperparameters(self.hyperparameters, encode_distribution(
+            self.distribution_config, self.instance_type))
         self._backend: Backend | None = None
         self.latest_training_job: TrainingJob | None = None
 
