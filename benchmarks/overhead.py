@@ -14,7 +14,10 @@ entry). For each layout named on the command line, rank 0 prints one ``RESULT {j
 - ``collectives``: payload bytes per step (torch's CommDebugMode) of both models and, for the
   FSDP-only layouts, the theory: forward all-gather of every parameter, backward all-gather of
   the groups resharded after forward (all but the output head and the root), reduce-scatter of
-  every gradient, plus an all-reduce of the gradient shards over replicas when hybrid.
+  every gradient, plus an all-reduce of the gradient shards over replicas when hybrid;
+- ``first_loss``: both sides' first-step loss (mean over the ranks) and their largest difference
+  on any rank; ``plain_parameters``: parameters that are plain tensors, per side;
+  ``own_classes``: module classes from neither torch nor transformers, per side.
 
 Hand-written sides (torch only; benchmarks/RESULTS.md says which baseline each run used):
 ``fully_shard`` per block, embedding, head (no reshard) and root on an ``init_device_mesh`` mesh;
@@ -27,8 +30,8 @@ CPU default, takes a mix of plain tensors and DTensors; CUDA's foreach path does
 concern). Expert parallelism: benchmarks/ep_by_hand.py, torch's all-to-all with no meshtrain
 code, the model's own router. With ``compile`` both sides compile each block in place; under TP
 the hand-written side also waits for the embedding's pending all-reduce, as ``transform()`` does
-(`_wait_for_embedding`). Every record carries both sides' first-step loss (the same weights and
-rows: equal losses say both sides do the same work).
+(`_wait_for_embedding`). Both sides start from the same weights and rows, so equal first-step
+losses say both do the same work.
 
 ``null_<layout>`` measures the method itself: the hand-written model of ``<layout>`` against a
 second copy of itself. Its ratio is what "no overhead" reads as on the machine at hand.
