@@ -28,6 +28,7 @@ _CPP_TRACE = re.compile(r"^(frame #\d+: |Exception raised from )")
 _ELASTIC_NOISE = re.compile(
     r"^[WEI]\d{4} [\d:.]+ \d+ torch/distributed/elastic/.*(closing signal|failed \(exitcode)"
 )
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 _CHAINING = ("During handling of the above exception", "The above exception was the direct cause")
 
 
@@ -53,7 +54,8 @@ class LogFolder:
             self._open.setdefault(prefix, []).append(body)
             return []
         if block is None:
-            return [line]
+            # a consequence printed without its traceback (no user frame left to show)
+            return [] if _EXCEPTION.match(body) and SECONDARY_ERROR.search(body) else [line]
         if not body or body[0].isspace() or body.startswith(_CHAINING):
             block.append(body)
             return []

@@ -52,6 +52,11 @@ def test_interleaved_ranks_are_folded_each_on_its_own():
         "j --rank 2)"]  # the peer's consequence is left to the failure reason
 
 
+def test_a_consequence_printed_without_its_traceback_is_left_out_too():
+    lines = [SECONDARY[-1], "[algo-1 rank 1] RuntimeError: the learning rate is negative"]
+    assert shown(LogFolder("j", full=False), lines) == lines[1:]
+
+
 def test_cpp_backtraces_and_torchrun_worker_lines_are_left_out():
     assert shown(LogFolder("j", full=False), [*TCPSTORE, *ELASTIC]) == [TCPSTORE[0]]
 
