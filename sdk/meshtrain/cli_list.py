@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from meshtrain.cli_lookup import lookup_options
 from meshtrain.cli_views import duration_text, seconds, when_text
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
@@ -96,8 +97,6 @@ def reason_text(row: dict[str, Any]) -> str:
 
 def list_jobs(args: argparse.Namespace) -> int:
     """Print jobs newest first: name, status, creation time, duration (so far) and reason."""
-    from meshtrain.cli_jobs import lookup_options
-
     kinds = _listed_kinds(args)
     rows = _summaries(kinds, lookup_options(args), args.max)
     if not rows:
