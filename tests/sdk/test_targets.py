@@ -59,3 +59,20 @@ def test_no_two_kinds_claim_the_same_instance_type():
                           "k8s:ml.p5.48xlarge"):
         claims = [kind.name for kind in TARGET_KINDS if kind.matches(instance_type)]
         assert len(claims) == 1, (instance_type, claims)
+
+
+def test_each_backend_declares_its_option_names_once_and_its_constructor_takes_them():
+    """targets.py reads each backend's own OPTIONS; a constructor keyword it does not declare
+    (or a declared name the constructor ignores) would be a second, drifting list."""
+    import inspect
+
+    from meshtrain.targets import _declared, backend_kinds
+
+    for kind in backend_kinds():
+        backend_class = _declared(kind.backend_class)
+        parameters = inspect.signature(backend_class.__init__).parameters
+        named = {name for name, p in parameters.items() if name not in ("self", "target")
+                 and p.kind is not inspect.Parameter.VAR_KEYWORD}
+        assert "target" in parameters, kind.name  # every backend is made with its Target
+        if named:  # SageMaker takes **options and checks them against its own OPTION_NAMES
+            assert named == set(kind.options()), kind.name
