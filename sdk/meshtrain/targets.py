@@ -15,14 +15,11 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
 from meshtrain.instances import InstanceSpec, instance_spec
-
-if TYPE_CHECKING:
-    from meshtrain.backends import Backend
 
 
 def local_gpu_count() -> int:
@@ -165,8 +162,9 @@ class Target:
     def options(self) -> frozenset[str]:
         return self.kind.options()
 
-    def backend(self, **options: Any) -> Backend:
-        """The backend object for this target (its module is imported now, not before)."""
+    def backend(self, **options: Any) -> Any:
+        """The `meshtrain.backends.Backend` of this target, made with it and `options` (its
+        module is imported now, not before; backends import this module, not the reverse)."""
         return _declared(self.kind.backend_class)(target=self, **options)
 
 
@@ -226,7 +224,7 @@ def backend_kinds() -> list[TargetKind]:
     return list(seen.values())
 
 
-def backend_named(name: str, **options: Any) -> Backend:
+def backend_named(name: str, **options: Any) -> Any:
     """The backend of the target kind called `name`, without a target (to find or attach to an
     existing job); options it does not take are left out."""
     for kind in TARGET_KINDS:
