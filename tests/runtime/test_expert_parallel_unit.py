@@ -20,6 +20,7 @@ from meshtrain_runtime.modules.moe import (
     moe_aux_loss,
     router_losses,
 )
+from meshtrain_runtime.modules.moe_routing import install_hf_routing, select_experts, sinkhorn
 from meshtrain_runtime.parallel.expert import find_expert_modules
 
 
@@ -34,13 +35,12 @@ def _mixtral_config(top_k: int = 2, num_experts: int = 4) -> MixtralConfig:
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"moe_load_balancing": "sinkhorn"}, "SMP option meshtrain does not support"),
-        ({"moe_load_balancing": "balanced"}, "SMP option meshtrain does not support"),
+        ({"moe_load_balancing": "balanced"}, "neither Megatron-Core's router nor SMP's"),
         ({"moe_load_balancing": "aux_los"}, "Did you mean 'aux_loss'?"),
         ({"moe_aux_loss_coeff": -0.1}, "moe_aux_loss_coeff=-0.1 must be a number >= 0"),
         ({"moe_z_loss_coeff": "0.1"}, "moe_z_loss_coeff='0.1'"),
         ({"smp_moe": False}, "smp_moe=False"),
-        ({"global_token_shuffle": True}, "global_token_shuffle=True is not supported"),
+        ({"global_token_shuffle": True}, "dispatch is dropless"),
         ({"moe_all_to_all_dispatcher": False}, "dispatches tokens with all-to-all"),
     ],
 )
@@ -174,3 +174,113 @@ def test_find_expert_modules_rejects_other_expert_layouts():
     model.model.layers[1].mlp.experts.is_transposed = True
     with pytest.raises(ConfigError, match=r"layers\.1\.mlp\.experts \(MixtralExperts\)"):
         find_expert_modules(model)
+
+
+# ----------------------------------------------------------------------------- load balancing
+
+
+def _megatron_sinkhorn(cost: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
+    """Megatron-Core's moe_utils.sinkhorn written out as a while loop (the formula in
+    docs/expert-parallel.md), independently of meshtrain's implementation."""
+    cost = torch.exp(cost)
+    d0, d1 = torch.ones(cost.size(0)), torch.ones(cost.size(1))
+    error, d1_old = 1e9, d1
+    while error > tol:
+        d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + 1e-8)
+        d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + 1e-8)
+        error = torch.mean(torch.abs(d1_old - d1))
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
+def _skewed_logits() -> torch.Tensor:
+    """Fixed logits where every token prefers expert 0: plain top-1 sends all 16 there."""
+    torch.manual_seed(11)
+    return torch.randn(16, 4) * 0.3 + torch.tensor([3.0, 0.0, 0.0, 0.0])
+
+
+def test_sinkhorn_matches_the_formula_on_fixed_logits():
+    logits = _skewed_logits()
+    got = sinkhorn(logits)
+    torch.testing.assert_close(got, _megatron_sinkhorn(logits), rtol=0, atol=1e-9)
+    # Columns sum to 1/E exactly (the last update), rows to 1/T within the tolerance.
+    torch.testing.assert_close(got.sum(0), torch.full((4,), 1 / 4), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.sum(1), torch.full((16,), 1 / 16), rtol=0, atol=1e-3 / 16)
+    assert not got.requires_grad
+
+
+def test_sinkhorn_routing_balances_skewed_logits():
+    logits = _skewed_logits().requires_grad_()
+    _, plain = select_experts(logits, 1, "aux_loss")
+    _, balanced = select_experts(logits, 1, "sinkhorn")
+    assert torch.bincount(plain.reshape(-1), minlength=4).tolist() == [16, 0, 0, 0]
+    counts = torch.bincount(balanced.reshape(-1), minlength=4)
+    # Sinkhorn equalises the experts' shares, not the argmax counts: all used, none above 2x.
+    assert counts.min() > 0 and counts.max() <= 8, counts.tolist()
+    # Top-1 weights: sigmoid of the chosen logit (Megatron), before renormalisation.
+    raw, _ = select_experts(logits, 1, "sinkhorn", normalize=False)
+    torch.testing.assert_close(raw, torch.sigmoid(logits.gather(1, balanced)))
+    # The router learns through the weights, not through the Sinkhorn matrix.
+    (grad,) = torch.autograd.grad(raw.sum(), logits)
+    assert grad.abs().sum() > 0
+    # Eval mode: the plain top-k.
+    _, evaluated = select_experts(logits, 1, "sinkhorn", training=False)
+    assert torch.equal(evaluated, plain)
+
+
+def test_top2_sinkhorn_weights_are_softmax_at_the_balanced_choice():
+    logits = _skewed_logits()
+    weights, index = select_experts(logits, 2, "sinkhorn")
+    assert torch.equal(index, torch.topk(_megatron_sinkhorn(logits), 2).indices)
+    probs = torch.softmax(logits, -1).gather(1, index)
+    torch.testing.assert_close(weights, probs / probs.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("mode", ["aux_loss", "sinkhorn", "none"])
+def test_moe_layer_load_balancing_modes_against_a_hand_computed_reference(mode):
+    config = MoEConfig(moe_load_balancing=mode, moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01)
+    layer = MoE(8, 12, num_experts=4, top_k=2, config=config)
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(4))
+    out = layer(x)
+    flat = x.reshape(-1, 8)
+    logits = flat @ layer.router.weight.T
+    probs = torch.softmax(logits, -1)
+    index = torch.topk(_megatron_sinkhorn(logits.detach()) if mode == "sinkhorn" else probs,
+                       2).indices
+    weights = probs.gather(1, index)
+    weights = weights / weights.sum(-1, keepdim=True)
+    expected = torch.zeros_like(flat)
+    for slot in range(2):
+        for row in range(flat.shape[0]):
+            e = index[row, slot]
+            gate, up = (layer.experts.gate_up_proj[e] @ flat[row]).chunk(2)
+            hidden = layer.experts.down_proj[e] @ (torch.nn.functional.silu(gate) * up)
+            expected[row] += weights[row, slot] * hidden
+    torch.testing.assert_close(out.reshape(-1, 8), expected, rtol=1e-5, atol=1e-6)
+    lb, z = router_losses(logits, 4, 2)
+    added = 0.1 * lb if mode == "aux_loss" else 0.0
+    torch.testing.assert_close(layer.aux_loss, added + 0.01 * z)
+
+
+def test_hf_mixtral_router_uses_sinkhorn_once_installed():
+    config = _mixtral_config()
+    block = MixtralSparseMoeBlock(config)
+    torch.nn.init.normal_(block.gate.weight, std=0.5)
+    hidden = torch.randn(24, 32, generator=torch.Generator().manual_seed(2))
+    logits, _, plain = block.gate(hidden)
+    install_hf_routing([block.gate], "sinkhorn")
+    again, weights, index = block.gate(hidden)
+    torch.testing.assert_close(again, logits)
+    assert torch.equal(index, torch.topk(_megatron_sinkhorn(logits.detach()), 2).indices)
+    assert not torch.equal(index, plain)  # these logits are skewed enough to change a choice
+    probs = torch.softmax(logits.detach(), -1).gather(1, index)
+    torch.testing.assert_close(weights.detach(), probs / probs.sum(-1, keepdim=True))
+
+
+def test_smp_moe_config_default_sinkhorn_is_honoured():
+    from meshtrain_runtime.compat.smp.moe.moe_config import MoEConfig as SmpMoEConfig
+
+    config = SmpMoEConfig()
+    assert config.moe_load_balancing == "sinkhorn"
+    # As in Megatron-Core, Sinkhorn routing adds no load-balancing loss; the z-loss stays.
+    assert config.load_balancing_coeff == 0.0 and config.moe_z_loss_coeff == 0.001

@@ -31,9 +31,16 @@ from torch import nn
 
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
+from meshtrain_runtime.modules.moe_routing import select_experts
 
-SUPPORTED_LOAD_BALANCING = ("aux_loss", "none")
-_SMP_ONLY_LOAD_BALANCING = ("sinkhorn", "balanced")
+SUPPORTED_LOAD_BALANCING = ("aux_loss", "sinkhorn", "none")
+# SMP values meshtrain refuses, with the reason.
+_REFUSED_LOAD_BALANCING = {
+    "balanced": (
+        "SMP documents it only by name, and neither Megatron-Core's router nor SMP's "
+        "documentation defines its algorithm, so meshtrain cannot reproduce it faithfully"
+    ),
+}
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -52,11 +59,13 @@ class MoEConfig:
         random_seed: seeds the initialisation of meshtrain `MoE` layers, identically on every
             rank (expert parallelism keeps each rank's slice of the same full weights).
         moe_load_balancing: ``"aux_loss"`` adds ``moe_aux_loss_coeff * load-balancing loss``;
-            ``"none"`` still reports the loss but does not add it. SMP's ``"sinkhorn"`` and
-            ``"balanced"`` are not supported (meshtrain's default is ``"aux_loss"``, SMP's is
-            ``"sinkhorn"``).
-        global_token_shuffle: SMP option; only False is supported.
-        moe_all_to_all_dispatcher: SMP option; only True (all-to-all token dispatch) is supported.
+            ``"sinkhorn"`` picks experts by Sinkhorn-normalised routing while training
+            (`meshtrain_runtime.modules.moe_routing`) and, as in Megatron-Core, adds no
+            load-balancing loss; ``"none"`` adds none either. The loss is still reported in
+            every mode. SMP's ``"balanced"`` is refused (no published definition).
+            meshtrain's default is ``"aux_loss"``; SMP's (``torch.sagemaker``) is ``"sinkhorn"``.
+        global_token_shuffle: SMP option; only False (refused: see `__post_init__`).
+        moe_all_to_all_dispatcher: SMP option; only True (all-to-all token dispatch).
         moe_aux_loss_coeff: weight of the load-balancing loss.
         moe_z_loss_coeff: weight of the router z-loss.
     """
@@ -82,13 +91,17 @@ class MoEConfig:
             )
         if self.global_token_shuffle:
             raise ConfigError(
-                "MoEConfig global_token_shuffle=True is not supported by meshtrain. "
-                "Use global_token_shuffle=False."
+                "MoEConfig global_token_shuffle=True is not supported by meshtrain: the shuffle "
+                "spreads tokens over the EP group so that capacity-limited experts drop fewer "
+                "of them, but meshtrain's dispatch is dropless (no capacity factor), and it "
+                "would change the token sets Sinkhorn routing normalises over. Use "
+                "global_token_shuffle=False."
             )
         if not self.moe_all_to_all_dispatcher:
             raise ConfigError(
-                "MoEConfig moe_all_to_all_dispatcher=False is not supported: meshtrain "
-                "dispatches tokens with all-to-all. Use moe_all_to_all_dispatcher=True."
+                "MoEConfig moe_all_to_all_dispatcher=False (SMP's all-gather dispatcher, which "
+                "gathers every token of the EP group on every rank) is not supported: meshtrain "
+                "dispatches tokens with all-to-all only. Use moe_all_to_all_dispatcher=True."
             )
 
     @property
@@ -100,10 +113,11 @@ class MoEConfig:
 def _check_load_balancing(value: object) -> None:
     if value in SUPPORTED_LOAD_BALANCING:
         return
-    if value in _SMP_ONLY_LOAD_BALANCING:
+    if value in _REFUSED_LOAD_BALANCING:
         raise ConfigError(
             f"MoEConfig moe_load_balancing={value!r} is an SMP option meshtrain does not "
-            f"support. Use one of {', '.join(map(repr, SUPPORTED_LOAD_BALANCING))}."
+            f"support: {_REFUSED_LOAD_BALANCING[value]}. Use one of "
+            f"{', '.join(map(repr, SUPPORTED_LOAD_BALANCING))}."
         )
     raise ConfigError(
         f"MoEConfig moe_load_balancing={value!r} is unknown; use one of "
@@ -361,10 +375,10 @@ class MoE(nn.Module):
     def route(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(router_logits, top_k_weights, top_k_index) for ``(tokens, hidden)`` inputs."""
         logits = self.router(hidden_states)
-        probs = torch.softmax(logits.float(), dim=-1)
-        weights, index = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, index = select_experts(
+            logits, self.top_k, self.config.moe_load_balancing, training=self.training,
+            normalize=self.norm_topk_prob,
+        )
         return logits, weights, index
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

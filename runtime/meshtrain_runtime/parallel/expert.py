@@ -43,6 +43,7 @@ from meshtrain_runtime.modules.moe import (
     run_experts,
     sort_by_expert,
 )
+from meshtrain_runtime.modules.moe_routing import install_hf_routing
 
 EP_AXIS = MeshAxis.EP
 _HF_EP_DISPATCH_STYLE = "ep_dispatch_experts"
@@ -268,6 +269,16 @@ def _init_std(model: nn.Module, experts: nn.Module) -> float:
     return float(std) if std else 0.02
 
 
+def _hf_routers(model: nn.Module, targets: list[tuple[str, nn.Module]]) -> list[nn.Module]:
+    """The top-k routers beside Hugging Face experts (Mixtral's ``mlp.gate``)."""
+    routers = []
+    for name, _ in targets:
+        gate = getattr(model.get_submodule(name.rpartition(".")[0]), "gate", None)
+        if isinstance(gate, nn.Module) and hasattr(gate, "top_k"):
+            routers.append(gate)
+    return routers
+
+
 def _replace_experts(
     model: nn.Module, targets: list[tuple[str, nn.Module]], dispatch_mesh: DeviceMesh
 ) -> None:
@@ -297,7 +308,8 @@ def apply_expert_parallel(
             data-parallel ranks), or over the 1-D mesh when that is all there is.
         moe_config: coefficients and load balancing. None keeps Hugging Face's
             ``router_aux_loss_coef`` and no z-loss for HF models, and each `MoE` layer's own
-            config.
+            config. ``moe_load_balancing="sinkhorn"`` also makes HF routers pick experts by
+            Sinkhorn-normalised routing over each rank's own tokens.
 
     The router losses of an HF model come out of its forward as usual: pass
     ``output_router_logits=True`` (or set it in the config) and ``outputs.aux_loss`` is the
@@ -325,6 +337,8 @@ def apply_expert_parallel(
     for name, experts in targets:
         _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)
     _replace_experts(model, targets, dispatch_mesh)
+    if moe_config is not None:
+        install_hf_routing(_hf_routers(model, targets), moe_config.moe_load_balancing)
     for layer in (m for m in model.modules() if isinstance(m, MoE)):
         layer.aux_loss_group = loss_group
         if moe_config is not None:

@@ -113,6 +113,51 @@ def second_step(model, reference, layout: Layout) -> tuple[float, float]:
     return abs(loss - ref_loss.item()), param_errors(model, reference)
 
 
+def sinkhorn_case(name: str, layout: Layout, top_k: int) -> None:
+    """Sinkhorn routing (SMP's default balancing) under EP + FSDP against one process that
+    replays each rank's own token set: Sinkhorn normalises over a rank's tokens, so the
+    reference runs one forward per rank's rows and averages (equal rows, no padding)."""
+    from meshtrain_runtime.modules.moe_routing import install_hf_routing, sinkhorn
+
+    config = MoEConfig(moe_load_balancing="sinkhorn", moe_z_loss_coeff=0.01)
+    reference = tiny_mixtral(top_k)
+    reference.router_aux_loss_coef = config.load_balancing_coeff  # 0: no LB loss added
+    model = clone_for_ep(reference)
+    install_hf_routing([layer.mlp.gate for layer in reference.model.layers], "sinkhorn")
+    main, expert = build_meshes(layout)
+    ep_apply(model, expert, config)
+    shard_model(model, layout, main, expert, list(model.model.layers))
+    tokens = global_tokens(layout)
+    per_rank = tokens.shape[0] // layout.dp
+    ref_losses, ref_logits, choice_differs = [], [], False
+    for rows in tokens.split(per_rank):
+        out = reference(input_ids=rows, labels=rows, output_router_logits=True, use_cache=False)
+        ref_losses.append(out.loss + config.moe_z_loss_coeff * z_reference(out.router_logits))
+        ref_logits.append(out.logits)
+        logits0 = out.router_logits[0].detach()
+        choice_differs |= not torch.equal(torch.topk(sinkhorn(logits0), top_k).indices,
+                                          torch.topk(logits0, top_k).indices)
+    ref_loss = torch.stack(ref_losses).mean()
+    ref_loss.backward()
+    local = local_rows(tokens, layout)
+    out = model(input_ids=local, labels=local, output_router_logits=True, use_cache=False)
+    out.loss.backward()
+    errors = grad_errors(model, reference)
+    record = {
+        "case": name,
+        "layout": layout.__dict__,
+        "logits_err": max_over_ranks(
+            (out.logits - local_rows(torch.cat(ref_logits), layout)).abs().max().item()),
+        "loss": mean_over_ranks(out.loss),
+        "ref_loss": ref_loss.item(),
+        "grad_err": max(errors.values()),
+        "worst_grad": max(errors, key=errors.get),
+        "sinkhorn_changes_choice": choice_differs,
+    }
+    if dist.get_rank() == 0:
+        report(record)
+
+
 def moe_layer_case(name: str, layout: Layout) -> None:
     """meshtrain MoE layers in a custom model, FSDP over shard_mod_ep (hidden 9: the
     down_proj's dim 1 does not divide by 2, so it falls back to dim 0)."""
@@ -243,6 +288,7 @@ def run_two() -> None:
     mixtral_case("ep2_of_2_top1_fsdp_checkpointed", Layout(1, 2, 2), top_k=1,
                  moe_config=MoEConfig(moe_aux_loss_coeff=0.05, moe_z_loss_coeff=0.01),
                  checkpoint=True)
+    sinkhorn_case("sinkhorn_ep2_of_2_top2_fsdp", Layout(1, 2, 2), top_k=2)
     masked_aux_case("masked_aux_2", Layout(1, 2, 2))
     reset_case("reset_2", Layout(1, 2, 2))
     bad_input_cases()

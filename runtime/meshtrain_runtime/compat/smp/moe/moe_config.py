@@ -5,16 +5,16 @@ Every SMP field is accepted by name and either honoured or refused with the reas
 | field                     | SMP default | here |
 | smp_moe                   | True        | True honoured (meshtrain's MoE layer); False refused |
 | random_seed               | 12345       | honoured (expert init seed) |
-| moe_load_balancing        | "sinkhorn"  | "aux_loss", "none" honoured; "sinkhorn", "balanced"
-|                           |             | refused |
-| global_token_shuffle      | False       | False honoured; True refused |
-| moe_all_to_all_dispatcher | True        | True honoured; False refused |
+| moe_load_balancing        | "sinkhorn"  | "sinkhorn", "aux_loss", "none" honoured; "balanced"
+|                           |             | refused (no published definition) |
+| global_token_shuffle      | False       | False honoured; True refused (dispatch is dropless) |
+| moe_all_to_all_dispatcher | True        | True honoured; False (all-gather) refused |
 | moe_aux_loss_coeff        | 0.001       | honoured |
 | moe_z_loss_coeff          | 0.001       | honoured |
 | use_cpu_initialization    | False       | accepted: weights initialise where the model lives |
 
-SMP's default balancing is "sinkhorn", which meshtrain does not implement, so ``MoEConfig()``
-without ``moe_load_balancing`` raises and names the supported values.
+SMP's default balancing is "sinkhorn": experts chosen by Sinkhorn-normalised routing while
+training, no load-balancing loss added (Megatron-Core's router; see docs/expert-parallel.md).
 """
 
 from __future__ import annotations
