@@ -11,6 +11,8 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
 - ``stop_requested()`` — meshtrain_runtime.stopping (a stop every rank agrees on)
 - ``global_mean(loss)`` — meshtrain_runtime.metrics (a loss averaged over every rank)
+- ``forward_backward(model, inputs, targets, loss_fn=fn)`` — meshtrain_runtime.step (one
+  step's forward and backward for every layout, pipelined or not)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from meshtrain_runtime.metrics import global_mean
     from meshtrain_runtime.parallelize import transform
     from meshtrain_runtime.state import init, is_initialized, reset
+    from meshtrain_runtime.step import forward_backward
     from meshtrain_runtime.stopping import stop_requested
 
 # public name -> (module, attribute); attribute None means the module itself
@@ -46,11 +49,13 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "latest_checkpoint": ("meshtrain_runtime.checkpoint", "latest_checkpoint"),
     "stop_requested": ("meshtrain_runtime.stopping", "stop_requested"),
     "global_mean": ("meshtrain_runtime.metrics", "global_mean"),
+    "forward_backward": ("meshtrain_runtime.step", "forward_backward"),
 }
 
 __all__ = [
     "build_sampler",
     "clip_grad_norm_",
+    "forward_backward",
     "global_mean",
     "grad_scaler",
     "init",

@@ -6,6 +6,7 @@ gradients are grouped by (mesh, placements); each group's norm is computed by to
 whole with ``full_tensor()`` (a reduction over the sharded axes only: replicas are not counted
 twice); the group norms are then combined and torch's ``clip_grads_with_norm_`` scales each
 group (expert weights on the expert mesh, the rest on the data-parallel or (shard, tp) mesh).
+With pipelining the stages' norms are combined over the ``pp`` group: the norm of the whole model.
 
 `grad_scaler()` hands out the loss scaler ``mixed_precision: fp16`` needs (see docs/hsdp.md).
 """
@@ -16,6 +17,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -42,7 +44,8 @@ def clip_grad_norm_(
     )
     with_grads = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in with_grads]
-    total_norm = total_grad_norm(grads, norm_type, error_if_nonfinite=error_if_nonfinite)
+    total_norm = _over_pipeline_stages(
+        total_grad_norm(grads, norm_type, error_if_nonfinite=error_if_nonfinite), norm_type)
     # One scaling call per layout: a foreach op refuses DTensors on different meshes.
     for group in _group_by_layout(with_grads, layout_of=lambda p: p.grad):
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm, foreach=foreach)
@@ -129,6 +132,21 @@ def _group_by_layout(
             key = ("local", grad.device)
         groups.setdefault(key, []).append(tensor)
     return list(groups.values())
+
+
+def _over_pipeline_stages(norm: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """With pipelining each rank holds its stages' gradients: combine the stages' norms over
+    the ``pp`` group (every rank of a pipeline clips its own stages)."""
+    if not runtime_state.is_initialized() or runtime_state.current().pp_size == 1:
+        return norm
+    group = runtime_state.current().pp_process_group
+    if math.isinf(float(norm_type)):
+        total = norm.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+        return total
+    total = norm.double().pow(norm_type)
+    dist.all_reduce(total, group=group)
+    return total.pow(1.0 / norm_type).to(norm.dtype)
 
 
 def _whole(norm: torch.Tensor) -> torch.Tensor:

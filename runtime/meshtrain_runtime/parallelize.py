@@ -2,6 +2,7 @@
 
 The order (design.md) lives in one short function, one line per stage:
 model converters (the parameter dtype; float8 linears in the blocks with ``fp8: true``) ->
+the pipeline split (``pipeline_parallel_degree`` > 1: this rank's stages, parallel/pipeline.py) ->
 tensor / expert parallelism -> activation checkpointing / offloading ->
 per-block torch.compile (``compile: true``) -> FSDP2 (experts over their own mesh first, then
 blocks and root) -> materialisation of meta-device models. Context parallelism is not part of
@@ -47,6 +48,7 @@ from meshtrain_runtime.parallel.fsdp import (
     resolve_offload_policy,
     resolve_reshard_after_forward,
 )
+from meshtrain_runtime.parallel.pipeline import PipelineModule, apply_pipeline
 from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
@@ -99,7 +101,14 @@ def transform(
         )
     if st.config.fp8:  # a converter too, once the blocks are known: before any parallelism
         apply_float8(model, block_list, fsdp_float8_all_gather=st.hybrid_shard_degree > 1)
+    staged = None
+    if st.pipeline_parallel_degree > 1:  # this rank's stages, original names; blocks: its own
+        staged = apply_pipeline(model, block_list, params=st.config, pp_rank=st.pp_rank)
+        block_list = staged.local_blocks()
+    # TP/EP on the whole model (its plan names the whole model's paths; the stages share its
+    # modules, so this rank's stages are split too), then only the stages are kept.
     model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
+    model = staged if staged is not None else model
     if activation_kwargs is not None:
         apply_activation_checkpointing(model, block_list, **activation_kwargs)
     if st.config.compile:  # after TP/EP and checkpointing, before FSDP2 (torchtitan's order)
@@ -168,6 +177,10 @@ def _apply_data_parallel(
     mesh = data_parallel_mesh(st.mesh, st.replicate_degree)
     if st.tensor_parallel_degree > 1:  # the TP outputs FSDP2 warns about: see quiet.py
         quiet_tensor_parallel_view_warnings([*find_embedding_and_head(model, blocks), model])
+    if isinstance(model, PipelineModule):  # FSDP2 per stage: a stage's root is what runs
+        for stage in model.stage_modules:
+            apply_fsdp(stage, mesh, blocks=stage.stage_blocks(), options=options)
+        return model
     return apply_fsdp(model, mesh, blocks=blocks, options=options)
 
 

@@ -1,0 +1,92 @@
+"""Pipeline parallelism on 4 real gloo ranks vs one process (one torchrun launch, ~35-60 s).
+
+tests/runtime/workers/pipeline_parity.py trains a tiny HF Llama and a plain nn.Module with
+``meshtrain_runtime.forward_backward`` under every layout below (torch's GPipe, 1F1B,
+Interleaved1F1B and ZBVZeroBubble at pp2; pp4; pp2 x dp2 sharded; pp2 x tp2; pp2 +
+checkpointing; explicit split points) and reports losses and clip norms per step; the tests
+compare them with a single-process run of the same model, seed and global batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+PARITY = 1e-5  # float32 loss, same seed and global batch (house rule)
+NORM = 1e-4  # relative: the whole model's clip norm, summed in another order over stages
+WORKER = Path(__file__).parent / "workers" / "pipeline_parity.py"
+LAYOUTS = ["gpipe_pp2", "1f1b_pp2", "interleaved_pp2", "zbv_pp2", "1f1b_pp2_dp2_sharded",
+           "1f1b_pp4", "1f1b_pp2_checkpointing", "1f1b_pp2_tp2", "1f1b_pp2_split_points"]
+MODELS = ["llama", "custom"]
+
+
+@pytest.fixture(scope="module")
+def records(torchrun) -> list[dict[str, Any]]:
+    return torchrun(WORKER, 4, timeout=480)
+
+
+def select(records: list[dict[str, Any]], **fields: Any) -> list[dict[str, Any]]:
+    found = [r for r in records if all(r.get(k) == v for k, v in fields.items())]
+    assert found, f"no record with {fields}"
+    return found
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_loss_and_clip_norm_match_one_process(records, layout: str, model: str) -> None:
+    (ref,) = select(records, case="reference", model=model)
+    rows = select(records, case="layout", layout=layout, model=model)
+    assert len(rows) == 4
+    for row in rows:
+        errors = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=True)]
+        assert max(errors) <= PARITY, (layout, row["rank"], errors)
+        norm_errors = [abs(a - b) / b for a, b in zip(row["norms"], ref["norms"], strict=True)]
+        assert max(norm_errors) <= NORM, (layout, row["rank"], norm_errors)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_rank_of_a_data_parallel_rank_returns_the_same_loss(records, layout: str) -> None:
+    """The mean is sent from the last stage: pp (and tp) ranks of one dp rank agree exactly,
+    and the value is a detached 0-dim float32 tensor."""
+    for model in MODELS:
+        by_dp: dict[int, list[list[float]]] = {}
+        for row in select(records, case="layout", layout=layout, model=model):
+            assert (row["dtype"], row["shape"]) == ("torch.float32", [])
+            by_dp.setdefault(row["dp_rank"], []).append(row["returned"])
+        for returned in by_dp.values():
+            assert all(r == returned[0] for r in returned), (layout, model, returned)
+        assert len(by_dp) in (1, 2)
+
+
+def test_parameter_names_are_the_unsplit_models(records) -> None:
+    """Every rank holds its stages under the original names; together they are the model's."""
+    for model in MODELS:
+        rows = select(records, case="layout", layout="1f1b_pp4", model=model)
+        names = [set(row["names"]) for row in rows]
+        assert all(names), names
+        assert not set.intersection(*names)  # pp4, dp1: no parameter on two stages
+        union = set.union(*names)
+        if model == "llama":
+            assert {"model.embed_tokens.weight", "lm_head.weight",
+                    "model.layers.3.mlp.down_proj.weight", "model.norm.weight"} <= union
+            assert "model.embed_tokens.weight" in names[0] and "lm_head.weight" in names[3]
+        else:
+            assert {"embed.weight", "head.weight", "layers.0.up.weight",
+                    "layers.3.down.bias"} <= union
+        pp2 = select(records, case="layout", layout="1f1b_pp2", model=model)
+        assert union == set.union(*(set(row["names"]) for row in pp2))
+
+
+@pytest.mark.parametrize(("case", "quoted"), [
+    ("fewer_blocks", "The model has 4 blocks but the pipeline needs 8 stages"),
+    ("uneven_batch", "forward_backward got 6 rows but microbatches=4: 6 is not a multiple of 4"),
+    ("direct_call", "meshtrain_runtime.forward_backward(model, inputs, targets, loss_fn=fn)"),
+    ("tied", "ties its input embedding to its output head"),
+])
+def test_refusals_are_config_errors_with_the_arithmetic(records, case: str, quoted: str) -> None:
+    (row,) = select(records, case=case)
+    assert row["error"] is not None and quoted in row["error"], row

@@ -1,0 +1,148 @@
+"""Pipeline-parallel layouts on 4 gloo ranks vs one process, in one torchrun launch.
+
+Every layout trains a tiny HF Llama and a plain nn.Module (4 blocks each) for STEPS steps of
+AdamW with ``meshtrain_runtime.forward_backward``; each rank reports its losses (the global mean:
+the average over every rank of the value forward_backward returned). Rank 0 also reports the
+single-process reference (the same global batch per step, ``fn(model(x), y).backward()``) and
+the refusals (fewer blocks than stages, a batch not divisible by microbatches, a direct call).
+tests/runtime/test_pipeline_parity.py asserts on the records.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hsdp_support import TinyLM
+from report import report
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import meshtrain_runtime as mr
+from meshtrain.errors import ConfigError
+
+VOCAB, SEQ, GLOBAL_BATCH, STEPS, LR = 64, 9, 8, 4, 1e-2
+CUSTOM_TP_PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
+CLIP = 0.05  # small enough that every step clips: the norm is the whole model's
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "gpipe_pp2": {"pipeline_schedule": "GPipe", "microbatches": 2, "hybrid_shard_degree": 1},
+    "1f1b_pp2": {"pipeline_schedule": "1F1B", "microbatches": 4, "hybrid_shard_degree": 1},
+    "interleaved_pp2": {"pipeline_schedule": "Interleaved1F1B", "microbatches": 4,
+                        "hybrid_shard_degree": 1},
+    "zbv_pp2": {"pipeline_schedule": "ZBVZeroBubble", "microbatches": 2,
+                "hybrid_shard_degree": 1},
+    "1f1b_pp2_dp2_sharded": {"microbatches": 2, "hybrid_shard_degree": 2},
+    "1f1b_pp4": {"pipeline_parallel_degree": 4, "microbatches": 4},
+    "1f1b_pp2_checkpointing": {"microbatches": 2, "activation_checkpointing": True},
+    "1f1b_pp2_tp2": {"microbatches": 2, "tensor_parallel_degree": 2},
+    "1f1b_pp2_split_points": {"microbatches": 2, "pipeline_split_points": [1],
+                              "hybrid_shard_degree": 2},
+}
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "llama":
+        return LlamaForCausalLM(LlamaConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=32,
+            tie_word_embeddings=False))
+    return TinyLM(vocab=VOCAB, width=24, depth=4)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def data() -> torch.Tensor:
+    generator = torch.Generator().manual_seed(7)
+    return torch.randint(0, VOCAB, (STEPS * GLOBAL_BATCH, SEQ), generator=generator)
+
+
+def reference(name: str) -> dict[str, list[float]]:
+    """One process, the whole global batch per step."""
+    model, tokens = build(name), data()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, norms = [], []
+    for step in range(STEPS):
+        batch = tokens[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
+        output = model(batch[:, :-1])
+        loss = loss_fn(getattr(output, "logits", output), batch[:, 1:])
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    return {"losses": losses, "norms": norms}
+
+
+def run_layout(layout: str, name: str) -> None:
+    params = {"pipeline_parallel_degree": 2, **LAYOUTS[layout]}
+    mr.init(params)
+    st = mr.state
+    custom_tp = name == "custom" and st.tensor_parallel_degree > 1
+    model = mr.transform(build(name), tp_plan=CUSTOM_TP_PLAN if custom_tp else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    tokens = data()
+    losses, returned, norms = [], [], []
+    for step in range(STEPS):
+        batch = tokens[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
+        rows = batch.chunk(st.dp_size)[st.dp_rank]
+        loss = mr.forward_backward(model, rows[:, :-1], rows[:, 1:], loss_fn=loss_fn)
+        norms.append(float(mr.clip_grad_norm_(model, CLIP)))
+        optimizer.step()
+        optimizer.zero_grad()
+        returned.append(float(loss))
+        total = loss.clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / st.world_size)
+    report({"case": "layout", "layout": layout, "model": name, "losses": losses, "norms": norms,
+            "returned": returned, "dp_rank": st.dp_rank, "pp_rank": st.pp_rank,
+            "dtype": str(loss.dtype), "shape": list(loss.shape),
+            "names": sorted(n for n, _ in model.named_parameters())})
+    mr.reset()
+
+
+def refusal(case: str, params: dict[str, Any], action: Any) -> None:
+    mr.init(params)
+    try:
+        action()
+        record = {"case": case, "error": None}
+    except ConfigError as error:
+        record = {"case": case, "error": str(error)}
+    if dist.get_rank() == 0:
+        report(record)
+    mr.reset()
+
+
+def report_refusals() -> None:
+    refusal("fewer_blocks", {"pipeline_parallel_degree": 4, "microbatches": 8,
+                             "pipeline_schedule": "Interleaved1F1B"},
+            lambda: mr.transform(build("custom")))
+    base = {"pipeline_parallel_degree": 2, "microbatches": 4}
+
+    def uneven() -> None:
+        model = mr.transform(build("custom"))
+        mr.forward_backward(model, data()[:6, :-1], data()[:6, 1:], loss_fn=loss_fn)
+
+    refusal("uneven_batch", base, uneven)
+    refusal("direct_call", base, lambda: mr.transform(build("custom"))(data()[:2]))
+    refusal("tied", base, lambda: mr.transform(LlamaForCausalLM(LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=True))))
+
+
+def main() -> None:
+    if os.environ.get("RANK", "0") == "0":
+        for name in ("llama", "custom"):
+            report({"case": "reference", "model": name, **reference(name)})
+    for layout in LAYOUTS:
+        for name in ("llama", "custom"):
+            run_layout(layout, name)
+    report_refusals()
+
+
+if __name__ == "__main__":
+    main()
