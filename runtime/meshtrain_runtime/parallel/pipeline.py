@@ -137,7 +137,10 @@ def apply_pipeline(model: nn.Module, blocks: list[nn.Module], *, params: Any, pp
         for path, module in stage.leaves:
             _attach(stage, path, module)
         stages.append(stage)
-    return PipelineModule(stages, params)
+    staged = PipelineModule(stages, params)
+    if config is not None:  # an HF config (not a module): save_checkpoint keeps config.json
+        object.__setattr__(staged, "config", config)
+    return staged
 
 
 def stage_bounds(num_blocks: int, num_stages: int, split_points: list[int] | None) -> list[int]:

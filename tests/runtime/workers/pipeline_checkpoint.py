@@ -1,0 +1,66 @@
+"""A pipelined checkpoint loads without pipelining: ``save DIR`` on 4 ranks, ``load DIR`` on 2.
+
+save: pp2 x dp2 (hybrid_shard_degree 2 within each stage, 1F1B, 2 microbatches) trains a tiny
+HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, then trains on
+and reports the losses of the steps after the save. load: 2 ranks without pipelining (full
+shard) build the model from another seed, load_checkpoint and train the same steps; the losses
+must match (tests/runtime/test_pipeline_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from pipeline_parity import GLOBAL_BATCH, LR, STEPS, build, data, loss_fn
+from report import report
+
+import meshtrain_runtime as mr
+
+SAVE_AT = 2
+
+
+def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                steps: range) -> list[float]:
+    st, tokens, losses = mr.state, data(), []
+    for step in steps:
+        batch = tokens[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
+        rows = batch.chunk(st.dp_size)[st.dp_rank]
+        loss = mr.forward_backward(model, rows[:, :-1], rows[:, 1:], loss_fn=loss_fn)
+        optimizer.step()
+        optimizer.zero_grad()
+        total = loss.clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / st.world_size)
+    return losses
+
+
+def main(mode: str, directory: str) -> None:
+    pipelined = mode == "save"
+    mr.init({"pipeline_parallel_degree": 2, "hybrid_shard_degree": 2, "microbatches": 2}
+            if pipelined else {})
+    torch.manual_seed(0)
+    model = mr.transform(build("llama") if pipelined else _other_seed())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    if pipelined:
+        train_steps(model, optimizer, range(SAVE_AT))
+        mr.save_checkpoint(directory, model, optimizer, step=SAVE_AT)
+    else:
+        info = mr.load_checkpoint(directory, model, optimizer)
+        assert info["step"] == SAVE_AT, info
+    losses = train_steps(model, optimizer, range(SAVE_AT, STEPS))
+    report({"case": mode, "losses": losses, "pp_size": mr.state.pp_size,
+            "names": sorted(n for n, _ in model.named_parameters())})
+
+
+def _other_seed() -> torch.nn.Module:
+    model = build("llama")
+    with torch.no_grad():  # weights that differ from the saved ones: the load must fill them
+        for parameter in model.parameters():
+            parameter.add_(0.5)
+    return model
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
