@@ -4,7 +4,7 @@ Target (or without one, to find and attach to existing jobs: meshtrain.registry)
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.job import TrainingJob
@@ -34,6 +34,10 @@ class Backend(Protocol):
     def job_names(self) -> list[str]:
         """Names of this backend's jobs (recent ones, for a did-you-mean); may raise
         BackendUnreachable."""
+
+    def summaries(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Its jobs, newest first, each DescribeTrainingJob-shaped (name, status, times,
+        FailureReason) for `meshtrain list`; may raise BackendUnreachable."""
 
     def not_found(self, job_name: str) -> str:
         """What it found, for a not-found message ("no local job x under ~/.meshtrain/jobs")."""
