@@ -24,6 +24,7 @@ TESTS = Path(__file__).resolve().parent
 SHARED_RESOURCES = {
     TESTS / "docker": "docker tier",
     TESTS / "sdk" / "backends" / "sagemaker" / "test_sagemaker_toolkit_image.py": "docker tier",
+    TESTS / "slurm": "slurm tier",  # one cluster per worker: the tier's files on one worker
 }
 MOST_WORKERS = 4  # a worker runs jobs of up to 8 ranks; more workers only queue on the cores
 

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshtrain.backends.slurm.cli import register as register_slurm
 from meshtrain.cli_export import register_export
 from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_k8s(sub)
     register_image(sub)
     register_export(sub)
+    register_slurm(sub)
     return parser
 
 

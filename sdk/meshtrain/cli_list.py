@@ -67,7 +67,9 @@ def _listed_kinds(args: argparse.Namespace) -> list[str]:
 def _machine_kinds() -> list[Any]:
     from meshtrain.targets import backend_kinds
 
-    return [kind for kind in backend_kinds() if kind.on_this_machine]
+    # jobs kept under a jobs_dir this machine sees (local, Docker; Slurm's shared filesystem)
+    return [kind for kind in backend_kinds()
+            if kind.on_this_machine or "jobs_dir" in kind.options()]
 
 
 def _summaries(kinds: list[str], options: dict[str, Any], limit: int) -> list[dict[str, Any]]:

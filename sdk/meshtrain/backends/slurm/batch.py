@@ -1,0 +1,167 @@
+"""The batch step of a Slurm job (``python -m meshtrain.backends.slurm.batch JOB_DIR``, what
+the sbatch script execs on the job's first node): srun one host per node, restart every host
+after a failure up to ``torch_distributed.max_restarts``, pack model.tar.gz and record the
+outcome in the shared job directory's status.json.
+
+A requeued job (a node died: Slurm's JobRequeue) runs this again from the top with
+SLURM_RESTART_COUNT > 0: the failed run's host records are moved aside and the hosts start
+again over the same /opt/ml trees and checkpoint folder; status.json stays InProgress between.
+max_run bounds the job across every run (from the first TrainingStartTime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from meshtrain.backends.hosts.artifacts import output_location, package_artifacts
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.restarts import (
+    STOP_MARGIN_SECONDS,
+    archive_host_records,
+    restart_after_failure,
+)
+from meshtrain.backends.hosts.s3_staging import upload_results
+from meshtrain.backends.hosts.supervisor import (
+    ALGORITHM_ERROR,
+    FAILURE_REASON_LIMIT,
+    STOPPED_BY_CLIENT,
+)
+from meshtrain.backends.slurm.submit import JOB_ID_FILE
+from meshtrain.contract import env as names
+from meshtrain.contract.failures import (
+    HOST_RECORD,
+    format_reason,
+    pick_root_cause,
+    read_host_record,
+)
+
+FINAL_MESSAGES = {"Completed": "Training job completed", "Failed": "Training job failed",
+                  "Stopped": "Training job stopped"}
+
+
+def node_of(job_dir: JobDirectory, host: str) -> str:
+    """The Slurm node a host ran on ('?' before it started)."""
+    try:
+        return (job_dir.root / "nodes" / host).read_text().strip()
+    except OSError:
+        return "?"
+
+
+def hosts_reason(job_dir: JobDirectory, code: int) -> str:
+    """The root cause across the hosts' records, with the Slurm node of its host first."""
+    spec = job_dir.read_spec()
+    failures = []
+    for host in spec.hosts:
+        failures += read_host_record(job_dir.host_work_dir(host) / HOST_RECORD)
+    nodes = ", ".join(f"{host} = Slurm node {node_of(job_dir, host)}" for host in spec.hosts)
+    if not failures:
+        return (f"{ALGORITHM_ERROR}srun exited with code {code} and no host left a failure "
+                f"record ({nodes}); see {job_dir.root}/slurm-*.out")
+    root, others = pick_root_cause(failures)
+    where = f"[{root.host} ran on Slurm node {node_of(job_dir, root.host)}; {nodes}]"
+    limit = FAILURE_REASON_LIMIT - len(ALGORITHM_ERROR) - len(where) - 1
+    return f"{ALGORITHM_ERROR}{where}\n{format_reason(root, others, limit)}"
+
+
+class BatchStep:
+    """One run of the batch script: attempts of srun over every node, then the outcome."""
+
+    def __init__(self, job_dir: JobDirectory) -> None:
+        self.job_dir = job_dir
+        self.spec = job_dir.read_spec()
+        self.stop = threading.Event()
+        self.srun: subprocess.Popen | None = None
+        torch_distributed = self.spec.distribution_config().torch_distributed
+        self.max_restarts = torch_distributed.max_restarts
+        self.grace = float(torch_distributed.stop_grace_seconds)
+
+    def on_sigterm(self, *_: object) -> None:
+        self.stop.set()
+        if self.srun is not None and self.srun.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.srun.send_signal(signal.SIGTERM)  # srun passes it to every host
+
+    def run_attempt(self, attempt: int, deadline: float) -> tuple[str, str | None]:
+        checkpoint_folder(self.spec, self.job_dir).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, names.MESHTRAIN_ATTEMPT: str(attempt)}
+        self.srun = subprocess.Popen(
+            ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
+             "meshtrain.backends.slurm.node", str(self.job_dir.root)],
+            env=env, stdin=subprocess.DEVNULL)
+        while self.srun.poll() is None:
+            if time.time() > deadline and not self.stop.is_set():
+                self.on_sigterm()
+                self.srun.wait(timeout=self.grace + STOP_MARGIN_SECONDS)
+                return "Stopped", (f"MaxRuntimeExceeded: the job ran past max_run="
+                                   f"{self.spec.max_run}s")
+            time.sleep(0.5)
+        code = self.srun.returncode
+        if self.stop.is_set():
+            return "Stopped", self.stop_reason()
+        if code == 0:
+            return "Completed", None
+        return "Failed", hosts_reason(self.job_dir, code)
+
+    def stop_reason(self) -> str:
+        if self.job_dir.stop_request_file.exists():
+            return STOPPED_BY_CLIENT
+        return ("MaxRuntimeExceeded or scancel: Slurm sent SIGTERM to the job "
+                f"(max_run={self.spec.max_run}s is its --time)")
+
+    def begin(self) -> float:
+        """Record the start (first run) or the requeue; the deadline across every run."""
+        (self.job_dir.root / JOB_ID_FILE).write_text(os.environ.get("SLURM_JOB_ID", ""))
+        status = self.job_dir.read_status()
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        if "TrainingStartTime" not in status:
+            status = self.job_dir.write_status(TrainingStartTime=time.time())
+        if restarts:
+            archive_host_records(self.job_dir, self.spec, 1000 + restarts)
+            self.job_dir.add_transition("Training", f"Requeued by Slurm (run {restarts + 1}); "
+                                                    "resuming from the checkpoint folder")
+        else:
+            self.job_dir.add_transition("Training", "Training image download completed. "
+                                                    "Training in progress.")
+        return status["TrainingStartTime"] + self.spec.max_run
+
+    def run(self) -> None:
+        deadline = self.begin()
+        attempt = 1
+        status, reason = self.run_attempt(attempt, deadline)
+        while status == "Failed" and attempt <= self.max_restarts and not self.stop.is_set():
+            restart_after_failure(self.job_dir, self.spec, attempt, reason or "",
+                                  threading.Lock())
+            attempt += 1
+            status, reason = self.run_attempt(attempt, deadline)
+        self.finish(status, reason)
+
+    def finish(self, status: str, reason: str | None) -> None:
+        self.job_dir.add_transition("Uploading", "Uploading generated training model")
+        packing_error = package_artifacts(self.spec, self.job_dir) or upload_results(
+            self.job_dir.root, self.spec.job_name, output_location(self.spec, self.job_dir),
+            checkpoint_folder(self.spec, self.job_dir))
+        if packing_error:
+            status = "Failed" if status == "Completed" else status
+            reason = f"{reason}\n{packing_error}" if reason else packing_error
+        changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
+        if reason:
+            changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
+        self.job_dir.write_status(**changes)
+        self.job_dir.add_transition(status, FINAL_MESSAGES[status])
+
+
+def main() -> None:
+    step = BatchStep(JobDirectory(Path(sys.argv[1])))
+    signal.signal(signal.SIGTERM, step.on_sigterm)
+    step.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""One host of a Slurm job: run on every node by srun (``python -m
+meshtrain.backends.slurm.node JOB_DIR``).
+
+The node with SLURM_NODEID=i is host ``spec.hosts[i]`` (algo-i+1); it records which Slurm node it
+is in ``nodes/<host>``, starts the runtime's bootstrap in that host's /opt/ml tree under the
+shared job directory, and copies its output into ``logs/<host>.log`` and the merged job.log.
+The first node picks the rendezvous port and writes it beside the job (a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.slurm.commands import expand_nodelist, node_address
+from meshtrain.contract import env as names
+
+RENDEZVOUS_WAIT_SECONDS = 120
+
+
+def rendezvous_file(job_dir: JobDirectory) -> Path:
+    """Where the first node writes ADDR:PORT for this run of the job (a requeue runs again)."""
+    run = f"{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    step = os.environ.get("SLURM_STEP_ID", "0")
+    return job_dir.root / "rendezvous" / f"{run}.{step}"
+
+
+def rendezvous(job_dir: JobDirectory, node_id: int) -> tuple[str, int]:
+    """The first node's address and a port free on it."""
+    where = rendezvous_file(job_dir)
+    if node_id == 0:
+        first = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])[0]
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        where.parent.mkdir(parents=True, exist_ok=True)
+        tmp = where.with_suffix(".tmp")
+        tmp.write_text(f"{node_address(first)}:{port}")
+        tmp.replace(where)
+    deadline = time.monotonic() + RENDEZVOUS_WAIT_SECONDS
+    while not where.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the first node wrote no rendezvous address to {where}")
+        time.sleep(0.2)
+    addr, port = where.read_text().rsplit(":", 1)
+    return addr, int(port)
+
+
+def host_environment(job_dir: JobDirectory, host: str, addr: str, port: int) -> dict[str, str]:
+    spec = job_dir.read_spec()
+    env = dict(os.environ)
+    env.update(spec.environment)
+    env.update({  # after the user's environment: these must not be overridden
+        names.SAGEMAKER_BASE_DIR: str(job_dir.host_paths(host).base),
+        names.MESHTRAIN_MASTER_ADDR: addr,
+        names.MESHTRAIN_MASTER_PORT: str(port),
+        names.MESHTRAIN_HOST_WORK_DIR: str(job_dir.host_work_dir(host)),
+        names.TRAINING_JOB_NAME: spec.job_name,
+        names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
+        names.MESHTRAIN_ATTEMPT: os.environ.get("MESHTRAIN_ATTEMPT", "1"),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def copy_output(proc: subprocess.Popen, job_dir: JobDirectory, host: str) -> None:
+    """The host's output into its own log and the merged job log (lines appended whole)."""
+    job_dir.host_log(host).parent.mkdir(parents=True, exist_ok=True)
+    with open(job_dir.host_log(host), "ab") as own, open(job_dir.log_file, "ab") as merged:
+        for line in iter(proc.stdout.readline, b""):
+            own.write(line)
+            own.flush()
+            prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
+            merged.write(prefixed)
+            merged.flush()
+
+
+def main() -> int:
+    job_dir = JobDirectory(Path(sys.argv[1]))
+    spec = job_dir.read_spec()
+    node_id = int(os.environ["SLURM_NODEID"])
+    host, node = spec.hosts[node_id], os.environ.get("SLURMD_NODENAME", "?")
+    (job_dir.root / "nodes").mkdir(exist_ok=True)
+    (job_dir.root / "nodes" / host).write_text(node)
+    addr, port = rendezvous(job_dir, node_id)
+    job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", names.BOOTSTRAP_MODULE],
+                            env=host_environment(job_dir, host, addr, port),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    # srun's SIGTERM (scancel, --time) goes on to the bootstrap, which passes it to the ranks
+    signal.signal(signal.SIGTERM, lambda *_: _forward(proc, signal.SIGTERM))
+    copy_output(proc, job_dir, host)
+    return proc.wait()
+
+
+def _forward(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

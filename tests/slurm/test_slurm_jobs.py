@@ -1,0 +1,164 @@
+"""Jobs on a real two-node Slurm cluster (tests/slurm/conftest.py): the quickstart job's losses
+equal the same job on local processes, by fit() and by a rendered script submitted with sbatch
+by hand; a failing rank's root cause names its rank, Slurm node and host; stop() is scancel.
+
+The jobs of one module start together and share the cluster (each costs real seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator
+from meshtrain.backends.slurm import SlurmBackend
+from meshtrain.cli import main as cli_main
+from meshtrain.contract.errors import JobFailedError
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.e2e]
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+SCRIPTS = Path(__file__).parent / "scripts"
+STEPS = 4
+DISTRIBUTION = {
+    "torch_distributed": {"enabled": True, "processes_per_host": 2},
+    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+        "hybrid_shard_degree": 2}}},
+}
+METRIC = re.compile(r"\[algo-1 rank 0\] \[meshtrain metric\] train:loss=(\S+) step=(\d+)")
+
+
+def losses(job_dir: Path) -> dict[int, float]:
+    """Per-step losses rank 0 logged in the job's merged log."""
+    text = (job_dir / "job.log").read_text()
+    return {int(step): float(loss) for loss, step in METRIC.findall(text)}
+
+
+def quickstart(instance_type: str, jobs_dir: Path, **options) -> Estimator:
+    return Estimator(entry_point="train.py", source_dir=str(QUICKSTART),
+                     instance_type=instance_type, instance_count=2,
+                     hyperparameters={"steps": STEPS, "lr": 3e-3}, distribution=DISTRIBUTION,
+                     jobs_dir=str(jobs_dir), environment={"OMP_NUM_THREADS": "1"}, **options)
+
+
+@pytest.fixture(scope="module")
+def quickstart_runs(slurm_cluster, tmp_path_factory):
+    """The quickstart job three ways at once: fit() on Slurm, a rendered script sbatch'ed by
+    hand, fit() on local processes; each one's job directory once it has ended."""
+    jobs_dir = tmp_path_factory.mktemp("jobs")
+    slurm = quickstart("slurm", jobs_dir)
+    slurm.fit(wait=False, job_name="on-slurm")
+    by_hand = _render(jobs_dir, tmp_path_factory.mktemp("render"))
+    local = quickstart("local", jobs_dir)
+    local.fit(wait=True, job_name="on-local")
+    backend = SlurmBackend(jobs_dir=jobs_dir)
+    for name in ("on-slurm", by_hand):
+        backend.attach(name).wait(logs=False)
+    return {"jobs_dir": jobs_dir, "slurm": slurm, "local": local, "by_hand": by_hand}
+
+
+def _render(jobs_dir: Path, out: Path) -> str:
+    import contextlib
+    import io
+    import json
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = cli_main(["slurm", "render", "train.py", "--source-dir", str(QUICKSTART),
+                         "--instance-count", "2", "--distribution", json.dumps(DISTRIBUTION),
+                         "--hyperparameters", json.dumps({"steps": STEPS, "lr": 3e-3}),
+                         "--job-name", "by-hand", "--jobs-dir", str(jobs_dir)])
+    assert code == 0, buffer.getvalue()
+    script = out / "job.sbatch"
+    script.write_text(buffer.getvalue())
+    submitted = subprocess.run(["sbatch", str(script)], capture_output=True, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert submitted.returncode == 0, submitted.stderr
+    return "by-hand"
+
+
+def test_quickstart_on_slurm_matches_local_and_leaves_the_model(quickstart_runs):
+    jobs_dir = quickstart_runs["jobs_dir"]
+    on_local, on_slurm = losses(jobs_dir / "on-local"), losses(jobs_dir / "on-slurm")
+    assert sorted(on_local) == list(range(STEPS)), on_local
+    assert sorted(on_slurm) == sorted(on_local)
+    for step, loss in on_local.items():
+        assert abs(on_slurm[step] - loss) <= 1e-6, (step, on_slurm[step], loss)
+    model = quickstart_runs["slurm"].model_data
+    assert model == f"file://{jobs_dir}/on-slurm/output/model.tar.gz"
+    with tarfile.open(model.removeprefix("file://")) as tar:
+        assert "model.pt" in tar.getnames()
+    # each host ran on its own Slurm node, recorded beside the job
+    nodes = {host: (jobs_dir / "on-slurm" / "nodes" / host).read_text() for host in
+             ("algo-1", "algo-2")}
+    assert nodes == {"algo-1": "n1", "algo-2": "n2"}
+
+
+def test_a_rendered_script_submitted_by_hand_trains_the_same_job(quickstart_runs):
+    jobs_dir = quickstart_runs["jobs_dir"]
+    job = SlurmBackend(jobs_dir=jobs_dir).attach(quickstart_runs["by_hand"])
+    assert job.describe()["TrainingJobStatus"] == "Completed"
+    by_hand, on_local = losses(jobs_dir / "by-hand"), losses(jobs_dir / "on-local")
+    assert sorted(by_hand) == sorted(on_local) == list(range(STEPS))
+    for step, loss in on_local.items():
+        assert abs(by_hand[step] - loss) <= 1e-6, (step, by_hand[step], loss)
+
+
+def test_slurm_jobs_are_listed_and_found_by_name(quickstart_runs, capsys):
+    jobs_dir = str(quickstart_runs["jobs_dir"])
+    assert cli_main(["list", "--jobs-dir", jobs_dir]) == 0
+    listing = capsys.readouterr().out
+    assert re.search(r"^on-slurm\s+Completed", listing, re.MULTILINE), listing
+    assert re.search(r"^by-hand\s+Completed", listing, re.MULTILINE), listing
+    attached = Estimator.attach("on-slurm", jobs_dir=jobs_dir)
+    assert attached.model_data.endswith("on-slurm/output/model.tar.gz")
+    assert cli_main(["logs", "on-slurm", "--jobs-dir", jobs_dir]) == 0
+    shown = capsys.readouterr().out
+    assert shown == (quickstart_runs["jobs_dir"] / "on-slurm" / "job.log").read_text()
+    assert "[algo-1 rank 0] step 0 loss" in shown
+
+
+def _squeue(name: str) -> str:
+    return subprocess.run(["squeue", "-h", "-n", name], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_failing_rank_is_named_and_stop_is_scancel(slurm_cluster, tmp_path):
+    """Two jobs at once: rank 2 raises on the second node; another job is stopped mid-run."""
+    def job(script: str) -> Estimator:
+        return Estimator(entry_point=script, source_dir=str(SCRIPTS), instance_type="slurm",
+                         instance_count=2, jobs_dir=str(tmp_path),
+                         distribution={"torch_distributed": {"enabled": True,
+                                                             "processes_per_host": 2}})
+    failing, ticking = job("fails_on_rank2.py"), job("ticks.py")
+    failed_job = failing.fit(wait=False, job_name="fails")
+    running = ticking.fit(wait=False, job_name="ticks")
+    with pytest.raises(JobFailedError) as failed:
+        failed_job.wait(logs=False)
+    reason = failed.value.reason
+    for part in ("rank 2", "algo-2", "Slurm node n2", "ValueError", "bad shard 7 on purpose"):
+        assert part in reason, (part, reason)
+    # the hosts' output merged into the job log, each line prefixed by its host and rank
+    assert re.search(r"^\[algo-2 rank 2\] .*ValueError: bad shard 7", (
+        tmp_path / "fails" / "job.log").read_text(), re.MULTILINE)
+    log = tmp_path / "ticks" / "job.log"
+    deadline = time.monotonic() + 120
+    while "tick 2 rank 3" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "tick 2 rank 3" in log.read_text()
+    started = time.monotonic()
+    running.stop()
+    assert running.describe()["TrainingJobStatus"] == "Stopped"
+    assert time.monotonic() - started < 60
+    deadline = time.monotonic() + 30
+    while (running.processes() or _squeue("ticks") or _squeue("fails")) and (
+            time.monotonic() < deadline):
+        time.sleep(0.5)
+    assert running.processes() == [] and failed_job.processes() == []
+    assert _squeue("ticks") == "" and _squeue("fails") == ""
