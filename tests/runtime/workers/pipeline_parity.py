@@ -74,7 +74,7 @@ def reference(name: str) -> dict[str, list[float]]:
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss))
+        losses.append(loss.item())
     return {"losses": losses, "norms": norms}
 
 

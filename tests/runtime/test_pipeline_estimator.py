@@ -1,0 +1,41 @@
+"""Pipelining through the Estimator: a local job on 2 hosts x 2 processes (pp2 x dp2, 1F1B)
+matches one process on the same global batch (~30-60 s)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from meshtrain import Estimator
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
+WORKERS = Path(__file__).parent / "workers"
+PARITY = 1e-5
+
+
+def test_pp2_dp2_local_job_matches_one_process(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MESHTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MESHTRAIN_NUM_GPUS", "0")
+    distribution = {"torch_distributed": {"enabled": True, "processes_per_host": 2},
+                    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+                        "pipeline_parallel_degree": 2, "hybrid_shard_degree": 2,
+                        "microbatches": 2}}}}
+    estimator = Estimator("pipeline_job.py", source_dir=str(WORKERS), instance_count=2,
+                          distribution=distribution)
+    estimator.fit(logs=False)
+    with tarfile.open(estimator.model_data.removeprefix("file://")) as tar:
+        record = json.loads(tar.extractfile("losses.json").read())
+    assert (record["pp_size"], record["dp_size"], record["hosts"]) == (
+        2, 2, ["algo-1", "algo-2"])
+    monkeypatch.syspath_prepend(str(WORKERS))
+    sys.modules.pop("pipeline_parity", None)
+    from pipeline_parity import reference
+
+    expected = reference("llama")["losses"]
+    errors = [abs(a - b) for a, b in zip(record["losses"], expected, strict=True)]
+    assert max(errors) <= PARITY, errors
