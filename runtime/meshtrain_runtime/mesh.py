@@ -45,7 +45,8 @@ class Meshes:
     context: DeviceMesh
     """This stage's ``replicate x shard_mod_cp x cp x tp``: cp carved out of shard, innermost."""
     expert: DeviceMesh | None
-    """This stage's ``replicate x shard_mod_ep x ep`` with EP, else None (``state.expert_mesh``)."""
+    """This stage's ``replicate x shard_mod_ep x ep`` with EP (ep folded over shard x tp with
+    TP), else None (``state.expert_mesh``)."""
     dp: DeviceMesh
     """1-D flattened ``replicate x shard``: the ranks gradients are reduced over (cp included)."""
     replica: DeviceMesh
@@ -91,7 +92,9 @@ def build_meshes(degrees: ResolvedDegrees, device_type: str) -> Meshes:
     dense = layout[axis_names(DENSE_AXES)]
     context = _split_shard(layout, degrees, MeshAxis.CP)[axis_names(CONTEXT_AXES)]
     expert = None
-    if degrees.expert_parallel_degree > 1:  # (the contract refuses EP with TP: SMP's D4)
+    if degrees.expert_parallel_degree > 1 and degrees.tensor_parallel_degree > 1:
+        expert = _fold_over_shard_and_tp(world, degrees)
+    elif degrees.expert_parallel_degree > 1:
         expert = _split_shard(layout, degrees, MeshAxis.EP)[axis_names(EXPERT_AXES)]
     flat = {
         axis: dense[axis_names(parts)]._flatten(axis.value) for axis, parts in FLATTENED.items()
@@ -104,6 +107,16 @@ def _split_shard(layout: DeviceMesh, degrees: ResolvedDegrees, carved: MeshAxis)
     """`layout` with its ``shard`` axis split into (shard_mod_X, X), X innermost."""
     parts = SHARD_SPLITS[carved]
     return layout._unflatten(MeshAxis.SHARD.value, mesh_shape(degrees, parts), axis_names(parts))
+
+
+def _fold_over_shard_and_tp(world: DeviceMesh, degrees: ResolvedDegrees) -> DeviceMesh:
+    """EP with TP: ``shard x tp`` (contiguous, tp innermost) re-split as ``shard_mod_ep x ep``.
+
+    A view of the world mesh like the others (unflattened from it), so FSDP sees one root.
+    """
+    axes = (MeshAxis.PP, *EXPERT_AXES)
+    folded = world._unflatten(0, mesh_shape(degrees, axes), axis_names(axes))
+    return folded[axis_names(EXPERT_AXES)]
 
 
 def root_over_groups(view: DeviceMesh) -> DeviceMesh:

@@ -37,6 +37,7 @@ from meshtrain_runtime.parallel.activations import (
 from meshtrain_runtime.parallel.blocks import BlockSpec, find_blocks
 from meshtrain_runtime.parallel.compile import apply_compile, check_compile
 from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
+from meshtrain_runtime.parallel.expert_tp import tp_plan_without_experts
 from meshtrain_runtime.parallel.float8 import apply_float8, check_fp8
 from meshtrain_runtime.parallel.fsdp import (
     FSDPOptions,
@@ -134,22 +135,28 @@ def apply_model_parallel(
     tp_plan: Mapping[str, Any] | None = None,
     moe_config: MoEConfig | None = None,
 ) -> nn.Module:
-    """Tensor parallelism on the ``tp`` axis, or expert parallelism on ``state.expert_mesh``.
+    """Tensor parallelism on the ``tp`` axis, then expert parallelism on ``state.expert_mesh``.
 
-    The contract rejects both at once (as SMP does), so at most one of them runs.
+    Both at once (a meshtrain extension; SMP refuses it): TP leaves the experts out of the HF
+    plan (`tp_plan_without_experts`), and EP splits each tp rank's share of the tokens.
     """
     params = st.config
-    if st.tensor_parallel_degree > 1:
-        return apply_tensor_parallel(
+    tp_mesh = st.mesh[MeshAxis.TP] if st.tensor_parallel_degree > 1 else None
+    if tp_mesh is not None:
+        if st.expert_mesh is not None and tp_plan is None:
+            tp_plan = tp_plan_without_experts(model)
+        model = apply_tensor_parallel(
             model,
-            st.mesh[MeshAxis.TP],
+            tp_mesh,
             plan=tp_plan,
             sequence_parallel=params.sequence_parallel,
             loss_parallel=params.loss_parallel,
             random_seed=params.random_seed,
         )
     if st.expert_mesh is not None:
-        return apply_expert_parallel(model, st.expert_mesh, moe_config=moe_config)
+        model = apply_expert_parallel(
+            model, st.expert_mesh, moe_config=moe_config, tp_mesh=tp_mesh
+        )
     return model
 
 

@@ -115,6 +115,25 @@ class RuntimeState:
         return self.meshes.expert
 
     @property
+    def expert_group_ranks(self) -> dict[str, list[int]] | None:
+        """Global ranks of this rank's expert groups; None without EP.
+
+        ``ep``: the ranks tokens are dispatched over (folded over shard x tp with TP);
+        ``expert_data_parallel``: the ranks holding the same experts (FSDP of experts,
+        ``replicate x shard_mod_ep``); ``token_split``: the tp ranks that share this rank's
+        tokens and split them before dispatch (just this rank without TP).
+        """
+        expert = self.meshes.expert
+        if expert is None:
+            return None
+        data_parallel = (MeshAxis.REPLICATE.value, MeshAxis.SHARD_MOD_EP.value)
+        return {
+            "ep": expert[MeshAxis.EP.value].mesh.flatten().tolist(),
+            "expert_data_parallel": sorted(expert[data_parallel].mesh.flatten().tolist()),
+            "token_split": self.meshes.dense[MeshAxis.TP.value].mesh.flatten().tolist(),
+        }
+
+    @property
     def world_mesh(self) -> DeviceMesh:
         """The one mesh over every rank (1-D ``world``) that the others are views of."""
         return self.meshes.world

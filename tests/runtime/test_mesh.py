@@ -37,6 +37,9 @@ CASES = [  # (world size, SMP parameters)
     (8, {"expert_parallel_degree": 4}),
     (8, {"sharding_strategy": "no_shard"}),
     (4, {"hybrid_shard_degree": 1, "tensor_parallel_degree": 4}),
+    # EP folded over shard x tp (issue 32)
+    (8, {"tensor_parallel_degree": 2, "expert_parallel_degree": 2}),
+    (8, {"hybrid_shard_degree": 2, "tensor_parallel_degree": 2, "expert_parallel_degree": 4}),
 ]
 
 # Hand-made degrees (pp, replicate, shard, tp, cp, ep) on 8 ranks: what [pipeline] / [context]
@@ -113,7 +116,9 @@ def _expected_coords(rank: int, r: int, s: int, tp: int, ep: int) -> dict[str, i
     shard, replicate = rest % s, rest // s
     return {
         "world": rank, "replicate": replicate, "shard": shard, "tp": t,
-        "shard_mod_ep": shard // ep, "ep": shard % ep,
+        # ep is folded over shard x tp with TP; without EP, shard_mod_ep is the shard axis
+        "shard_mod_ep": (shard * tp + t if ep > 1 else shard) // ep,
+        "ep": (shard * tp + t if ep > 1 else shard) % ep,
         "dp": replicate * s + shard, "replica": shard * tp + t,
         "pp": 0, "shard_mod_cp": shard, "cp": 0,  # the axes pp and cp, at size 1
     }
@@ -140,10 +145,11 @@ def test_layouts_and_views(records: list[dict], world: int, params: dict) -> Non
         if ep == 1:
             assert row["expert"] is None
             continue
-        expert = [[[i * s + j * ep + e for e in range(ep)] for j in range(s // ep)]
+        # ep folded over the shard x tp ranks of a replica (tp innermost)
+        expert = [[[i * s * tp + j * ep + e for e in range(ep)] for j in range(s * tp // ep)]
                   for i in range(r)]
         assert row["expert"] == [["replicate", "shard_mod_ep", "ep"], expert]
-        assert list(mesh_shape(degrees, EXPERT_AXES)) == [r, s // ep, ep]
+        assert list(mesh_shape(degrees, EXPERT_AXES)) == [r, s * tp // ep, ep]
 
 
 def test_axis_sizes_follow_the_degrees() -> None:

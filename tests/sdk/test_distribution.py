@@ -63,7 +63,7 @@ INVALID = [
     (smp(hybrid_shard_degree="2"), "hybrid_shard_degree"),
     (smp(tensor_parallel_degree=0), "tensor_parallel_degree"),
     (smp(tensor_parallel_degree=True), "tensor_parallel_degree"),
-    (smp(tensor_parallel_degree=2, expert_parallel_degree=2), "not compatible"),
+    (smp(tensor_parallel_degree=2, expert_parallel_degree=0), "expert_parallel_degree"),
     (smp(context_parallel_degree=4, hybrid_shard_degree=2), "context_parallel_degree=4"),
     (smp(activation_loading_horizon=0), "activation_loading_horizon"),
     (smp(activation_offloading=True), "activation_checkpointing"),

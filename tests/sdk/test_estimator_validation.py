@@ -53,8 +53,10 @@ CASES = {
                            "processes). Use 1, 2 or 4."),
     "shard-does-not-divide": ({"distribution": smp(hybrid_shard_degree=4)},
                               "hybrid_shard_degree=4 does not divide the data-parallel size 2"),
-    "ep-with-tp": ({"distribution": smp(tensor_parallel_degree=2, expert_parallel_degree=2)},
-                   "not compatible"),
+    "ep-with-tp": ({"instance_count": 2,
+                    "distribution": smp(tensor_parallel_degree=2, expert_parallel_degree=3)},
+                   "expert_parallel_degree=3 must divide the resolved hybrid_shard_degree=2 x "
+                   "tensor_parallel_degree=2 = 4"),
     "typo-key": ({"distribution": smp(tensor_paralel_degree=2)}, "Did you mean"),
     "mpi": ({"distribution": {"mpi": {"enabled": True}}}, "torch_distributed"),
     "env-bad-name": ({"environment": {"1X": "a"}}, "environment variable name"),

@@ -44,6 +44,12 @@ from meshtrain_runtime.modules.moe import (
     sort_by_expert,
 )
 from meshtrain_runtime.modules.moe_routing import install_hf_routing
+from meshtrain_runtime.parallel.expert_tp import (
+    TokenSplit,
+    gather_rows,
+    scatter_rows,
+    token_split_from_mesh,
+)
 
 EP_AXIS = MeshAxis.EP
 _HF_EP_DISPATCH_STYLE = "ep_dispatch_experts"
@@ -66,8 +72,11 @@ class ExpertParallelExperts(nn.Module):
         act_fn: Any,
         ep_mesh: DeviceMesh,
         init_std: float = 0.02,
+        token_split: TokenSplit | None = None,
     ) -> None:
         super().__init__()
+        # With TP: the tp group this layer's rows are split over before dispatch (else None).
+        self.token_split = token_split
         self.init_std = init_std
         self.num_experts = gate_up_proj.shape[0]
         self.ep_degree = ep_mesh.size()
@@ -99,7 +108,7 @@ class ExpertParallelExperts(nn.Module):
     def _local_parameter(self, full: torch.Tensor) -> nn.Parameter:
         start = self.first_expert
         # clone(): a view would keep the whole tensor (all experts) alive.
-        local = full.detach()[start : start + self.num_local_experts].clone()
+        local = _local(full.detach())[start : start + self.num_local_experts].clone()
         if not local.is_meta and local.device.type != self.ep_mesh.device_type:
             local = local.to(self.ep_mesh.device_type)  # as distribute_tensor does
         dtensor = DTensor.from_local(local, self.ep_mesh, [Shard(0)], run_check=False)
@@ -113,7 +122,26 @@ class ExpertParallelExperts(nn.Module):
         received = funcol.all_to_all_single(counts, None, None, self.ep_mesh)
         return funcol.wait_tensor(received).view(self.ep_degree, self.num_local_experts)
 
+    @property
+    def token_split_degree(self) -> int:
+        """How many tp ranks share (and split) this layer's rows: 1 without TP."""
+        return self.token_split.size if self.token_split is not None else 1
+
     def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        split = self.token_split
+        if split is None:
+            return self._dispatch(hidden_states, top_k_index, top_k_weights)
+        # TP x EP: each tp rank dispatches only its share of the (replicated) rows.
+        start, stop = split.bounds(hidden_states.shape[0])
+        out = self._dispatch(
+            scatter_rows(hidden_states, split), top_k_index[start:stop],
+            scatter_rows(top_k_weights, split),
+        )
+        return gather_rows(out, split, hidden_states.shape[0])
+
+    def _dispatch(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
         order, token_index, counts = sort_by_expert(top_k_index, self.num_experts)
@@ -235,20 +263,29 @@ def _resolve_meshes(ep_mesh: DeviceMesh) -> tuple[DeviceMesh, Any]:
     return ep_mesh[EP_AXIS], ep_mesh._flatten().get_group()
 
 
-def _check_applicable(model: nn.Module, ep_degree: int) -> None:
+def _check_applicable(model: nn.Module, ep_degree: int, with_tp: bool) -> None:
     if expert_parallel_modules(model):
         raise ConfigError(
             f"{type(model).__name__} already has expert parallelism applied; call "
             f"apply_expert_parallel once per model."
         )
     for name, param in model.named_parameters():
-        if isinstance(param, DTensor):
-            raise ConfigError(
-                f"expert_parallel_degree={ep_degree} needs a model whose parameters are plain "
-                f"tensors, but {name} is already a DTensor ({param.placements}). Expert "
-                f"parallelism cannot be combined with tensor parallelism (as in SMP): set "
-                f"tensor_parallel_degree=1; and apply it before FSDP."
-            )
+        if not isinstance(param, DTensor):
+            continue
+        if with_tp and _tp_applied(param):
+            continue  # tensor parallelism's own parameters (split or replicated over tp)
+        raise ConfigError(
+            f"expert_parallel_degree={ep_degree} needs a model whose parameters are plain "
+            f"tensors (or tensor parallelism's, with tp_mesh= given), but {name} is already a "
+            f"DTensor ({param.placements}). With tensor parallelism pass tp_mesh= and leave the "
+            f"experts out of the tensor-parallel plan (tp_plan_without_experts); apply expert "
+            f"parallelism before FSDP."
+        )
+
+
+def _tp_applied(param: DTensor) -> bool:
+    """A DTensor that tensor parallelism made: on a 1-D mesh, not FSDP's."""
+    return param.device_mesh.ndim == 1 and (param.device_mesh.mesh_dim_names or ("",))[0] == "tp"
 
 
 def _check_divisible(name: str, num_experts: int, ep_degree: int) -> None:
@@ -280,20 +317,25 @@ def _hf_routers(model: nn.Module, targets: list[tuple[str, nn.Module]]) -> list[
 
 
 def _replace_experts(
-    model: nn.Module, targets: list[tuple[str, nn.Module]], dispatch_mesh: DeviceMesh
+    model: nn.Module, targets: list[tuple[str, nn.Module]], dispatch_mesh: DeviceMesh,
+    token_split: TokenSplit | None,
 ) -> None:
     for name, experts in targets:
         parent_name, _, attr = name.rpartition(".")
         replacement = ExpertParallelExperts(
             experts.gate_up_proj, experts.down_proj, experts.act_fn, dispatch_mesh,
-            init_std=_init_std(model, experts),
+            init_std=_init_std(model, experts), token_split=token_split,
         )
         # The old module (all experts) is dropped here: only this rank's slice stays alive.
         setattr(model.get_submodule(parent_name), attr, replacement)
 
 
 def apply_expert_parallel(
-    model: nn.Module, ep_mesh: DeviceMesh, *, moe_config: MoEConfig | None = None
+    model: nn.Module,
+    ep_mesh: DeviceMesh,
+    *,
+    moe_config: MoEConfig | None = None,
+    tp_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Split the experts of every MoE layer in `model` over `ep_mesh`; returns `model`.
 
@@ -310,6 +352,11 @@ def apply_expert_parallel(
             ``router_aux_loss_coef`` and no z-loss for HF models, and each `MoE` layer's own
             config. ``moe_load_balancing="sinkhorn"`` also makes HF routers pick experts by
             Sinkhorn-normalised routing over each rank's own tokens.
+        tp_mesh: with tensor parallelism (applied first, experts left out of its plan: see
+            `meshtrain_runtime.parallel.expert_tp.tp_plan_without_experts`), the 1-D ``tp``
+            mesh: each tp rank dispatches only its share of the rows (no token is routed
+            twice) and the results are gathered back over tp. The EP group is then folded
+            over shard x tp ranks (``state.expert_mesh``).
 
     The router losses of an HF model come out of its forward as usual: pass
     ``output_router_logits=True`` (or set it in the config) and ``outputs.aux_loss`` is the
@@ -324,7 +371,7 @@ def apply_expert_parallel(
     """
     dispatch_mesh, loss_group = _resolve_meshes(ep_mesh)
     ep_degree = dispatch_mesh.size()
-    _check_applicable(model, ep_degree)
+    _check_applicable(model, ep_degree, with_tp=tp_mesh is not None)
     targets = find_expert_modules(model)
     if not targets:
         plan = _ep_plan_patterns(model)
@@ -336,7 +383,7 @@ def apply_expert_parallel(
         )
     for name, experts in targets:
         _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)
-    _replace_experts(model, targets, dispatch_mesh)
+    _replace_experts(model, targets, dispatch_mesh, token_split_from_mesh(tp_mesh))
     if moe_config is not None:
         install_hf_routing(_hf_routers(model, targets), moe_config.moe_load_balancing)
     for layer in (m for m in model.modules() if isinstance(m, MoE)):
@@ -457,7 +504,9 @@ def shard_experts_with_fsdp(
         fully_shard(
             module, mesh=expert_fsdp_mesh, shard_placement_fn=placement, **fully_shard_kwargs
         )
-        module.set_gradient_divide_factor(float(expert_fsdp_mesh.size() * module.ep_degree))
+        # the data-parallel size: with TP the EP group also spans tp ranks, which share rows.
+        factor = expert_fsdp_mesh.size() * module.ep_degree // module.token_split_degree
+        module.set_gradient_divide_factor(float(factor))
         if expert_fsdp_mesh.device_type == "cpu" and shard_size > 1:
             # gloo has no PREMUL_SUM: sum, then divide. (Not with one shard: FSDP would divide
             # twice on its single-rank path.)

@@ -47,12 +47,12 @@ class ResolvedDegrees:
                 f"{self.hybrid_shard_degree} x tp {self.tensor_parallel_degree} is not the world "
                 f"size {self.world_size}"
             )
-        for name, carved in (("cp", self.context_parallel_degree),
-                             ("ep", self.expert_parallel_degree)):
-            if self.hybrid_shard_degree % carved:
-                raise ValueError(
-                    f"{name} {carved} does not divide the sharding group {self.hybrid_shard_degree}"
-                )
+        # cp is carved out of shard; ep out of shard x tp (folded over tp ranks with TP)
+        shard, tp = self.hybrid_shard_degree, self.tensor_parallel_degree
+        for name, carved, group in (("cp", self.context_parallel_degree, shard),
+                                    ("ep", self.expert_parallel_degree, shard * tp)):
+            if group % carved:
+                raise ValueError(f"{name} {carved} does not divide the sharding group {group}")
 
     @property
     def data_parallel_degree(self) -> int:
@@ -102,12 +102,13 @@ def resolve_degrees(
             f"Use context_parallel_degree {divisors_text(shard)}."
         )
     ep = params.expert_parallel_degree
-    if shard % ep:
+    if (shard * tp) % ep:  # with TP the EP group is folded over shard x tp ranks
+        of_tp = f" x tensor_parallel_degree={tp} = {shard * tp}" if tp > 1 else ""
         raise ConfigError(
-            f"expert_parallel_degree={ep} must divide the resolved hybrid_shard_degree={shard} "
-            f"({where}): experts are split within the sharding group. Use "
-            f"expert_parallel_degree {divisors_text(shard)}, or a hybrid_shard_degree that is a "
-            f"multiple of {ep}."
+            f"expert_parallel_degree={ep} must divide the resolved hybrid_shard_degree={shard}"
+            f"{of_tp} ({where}): experts are split within the sharding group. Use "
+            f"expert_parallel_degree {divisors_text(shard * tp)}, or a hybrid_shard_degree that "
+            f"is a multiple of {ep}."
         )
     strategy = _resolve_strategy(params.sharding_strategy, shard, dp)
     return ResolvedDegrees(

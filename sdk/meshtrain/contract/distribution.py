@@ -90,8 +90,8 @@ class SMPParameters(_Strict):
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
-        self._check_expert_and_tensor()
         self._check_context_vs_shard()
+        self._check_expert_and_sequence_parallel()
         self._check_offloading()
         self._check_strategy_vs_degree()
         check_pipeline(self)
@@ -104,13 +104,14 @@ class SMPParameters(_Strict):
             return self.pipeline_stages_per_rank
         return 1 if self.pipeline_schedule in SINGLE_STAGE_SCHEDULES else 2
 
-    def _check_expert_and_tensor(self) -> None:
-        ep, tp = self.expert_parallel_degree, self.tensor_parallel_degree
-        if ep > 1 and tp > 1:
+    def _check_expert_and_sequence_parallel(self) -> None:
+        ep = self.expert_parallel_degree
+        if ep > 1 and self.sequence_parallel:
             raise ValueError(
-                f"expert_parallel_degree={ep} with tensor_parallel_degree={tp}: expert "
-                "parallelism is not compatible with tensor parallelism (as in SMP v2). "
-                "Set one of them to 1."
+                f"expert_parallel_degree={ep} with sequence_parallel=True is not supported: "
+                "with TP x EP meshtrain splits each tp group's shared tokens itself before "
+                "dispatch, and sequence-split tokens would be split twice. Set "
+                "sequence_parallel=False."
             )
 
     def _check_context_vs_shard(self) -> None:

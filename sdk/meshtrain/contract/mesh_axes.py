@@ -12,7 +12,9 @@ ONE world mesh (a 1-D ``world`` axis over every rank) laid out, outermost first,
 - context parallelism is carved out of the sharding group, innermost in it:
   ``shard = shard_mod_cp x cp`` (`CONTEXT_AXES`);
 - expert parallelism is folded inside the sharding group, innermost:
-  ``shard = shard_mod_ep x ep`` (`EXPERT_AXES`; the contract refuses EP with TP today).
+  ``shard = shard_mod_ep x ep`` (`EXPERT_AXES`); with tensor parallelism it is folded over the
+  ``shard x tp`` ranks (Megatron-Core's parallel folding): ``shard x tp = shard_mod_ep x ep``,
+  so an EP group spans tp ranks (which split their shared tokens before dispatch).
 
 Ranks that see different rows of data: ``dp_size = world / (pp x tp x cp)``, a rank's row index
 ``dp_rank = dp // cp`` where ``dp`` is its index in the flattened ``replicate x shard`` axis
@@ -98,10 +100,20 @@ def axis_size(degrees: ResolvedDegrees, axis: MeshAxis) -> int:
         MeshAxis.TP: degrees.tensor_parallel_degree,
         MeshAxis.SHARD_MOD_CP: shard // degrees.context_parallel_degree,
         MeshAxis.CP: degrees.context_parallel_degree,
-        MeshAxis.SHARD_MOD_EP: shard // degrees.expert_parallel_degree,
+        MeshAxis.SHARD_MOD_EP: _ep_folded(shard, degrees.tensor_parallel_degree,
+                                          degrees.expert_parallel_degree)
+        // degrees.expert_parallel_degree,
         MeshAxis.EP: degrees.expert_parallel_degree,
     }
     return sizes[axis]
+
+
+def _ep_folded(shard: int, tp: int, ep: int, tp_index: int | None = None) -> int:
+    """The group EP is carved from: shard x tp with EP and TP (folded), else shard; with
+    `tp_index`, a rank's index in it instead of its size."""
+    if ep == 1 or tp == 1:
+        return shard
+    return shard * tp + tp_index if tp_index is not None else shard * tp
 
 
 def mesh_shape(
@@ -127,7 +139,8 @@ def rank_coordinates(degrees: ResolvedDegrees, rank: int) -> dict[MeshAxis, int]
         MeshAxis.WORLD: rank, MeshAxis.PP: pp, MeshAxis.REPLICATE: replicate,
         MeshAxis.SHARD: s, MeshAxis.TP: t,
         MeshAxis.SHARD_MOD_CP: s // cp, MeshAxis.CP: s % cp,
-        MeshAxis.SHARD_MOD_EP: s // ep, MeshAxis.EP: s % ep,
+        MeshAxis.SHARD_MOD_EP: _ep_folded(s, tp, ep, t) // ep,
+        MeshAxis.EP: _ep_folded(s, tp, ep, t) % ep,
         MeshAxis.DP: replicate * shard + s, MeshAxis.REPLICA: s * tp + t,
     }
 
