@@ -4,7 +4,8 @@ tests/runtime/workers/pipeline_parity.py trains a tiny HF Llama and a plain nn.M
 ``meshtrain_runtime.forward_backward`` under every layout below (torch's GPipe, 1F1B,
 Interleaved1F1B and ZBVZeroBubble at pp2; pp4; pp2 x dp2 sharded; pp2 x tp2; pp2 +
 checkpointing; explicit split points) and reports losses and clip norms per step; the tests
-compare them with a single-process run of the same model, seed and global batch.
+compare them with a single-process run of the same model, seed and global batch. pp2 + compile
+(1F1B, the plain module) runs in a second launch.
 """
 
 from __future__ import annotations
@@ -90,3 +91,23 @@ def test_parameter_names_are_the_unsplit_models(records) -> None:
 def test_refusals_are_config_errors_with_the_arithmetic(records, case: str, quoted: str) -> None:
     (row,) = select(records, case=case)
     assert row["error"] is not None and quoted in row["error"], row
+
+
+COMPILE_PARITY = 1e-4  # inductor fuses float32 reductions (see test_compile_parity.py's bound)
+
+
+@pytest.fixture(scope="module")
+def compiled(torchrun) -> list[dict[str, Any]]:
+    """Its own launch (``pipeline_parity.py compile``, ~15-60 s): CPU inductor on 4 ranks."""
+    return torchrun(WORKER, 4, "compile", timeout=480)
+
+
+def test_pp2_with_compile_matches_one_process(compiled) -> None:
+    (ref,) = select(compiled, case="reference", model="custom")
+    rows = select(compiled, case="layout", layout="1f1b_pp2_compile", model="custom")
+    assert len(rows) == 4
+    for row in rows:
+        errors = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=True)]
+        assert max(errors) <= COMPILE_PARITY, (row["rank"], errors)
+    for stats in select(compiled, case="compile_stats"):  # every stage's blocks compiled whole
+        assert stats["graphs"] >= 1 and stats["graph_breaks"] == 0, stats

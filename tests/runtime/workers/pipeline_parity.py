@@ -11,6 +11,7 @@ tests/runtime/test_pipeline_parity.py asserts on the records.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -134,6 +135,23 @@ def report_refusals() -> None:
         num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=True))))
 
 
+COMPILE_LAYOUTS = {  # launched on their own (``pipeline_parity.py compile``): minutes of CPU
+    "1f1b_pp2_compile": {"microbatches": 2, "hybrid_shard_degree": 2, "compile": True},
+}
+
+
+def main_compile() -> None:
+    """pp2 + compile (1F1B) on the plain module: inductor on CPU, one tiny case."""
+    LAYOUTS.update(COMPILE_LAYOUTS)
+    if os.environ.get("RANK", "0") == "0":
+        report({"case": "reference", "model": "custom", **reference("custom")})
+    from torch._dynamo.utils import counters
+
+    run_layout("1f1b_pp2_compile", "custom")
+    report({"case": "compile_stats", "graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(counters["graph_break"].values())})
+
+
 def main() -> None:
     if os.environ.get("RANK", "0") == "0":
         for name in ("llama", "custom"):
@@ -145,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_compile() if sys.argv[1:] == ["compile"] else main()
