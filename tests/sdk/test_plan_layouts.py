@@ -34,8 +34,9 @@ def test_every_candidate_is_a_layout_the_runtime_accepts(nodes, per_node, name):
                                 ranks_per_host=per_node)
         assert again == estimate.degrees
         assert estimate.degrees.tensor_parallel_degree <= per_node  # TP inside a host
-        assert not (estimate.degrees.tensor_parallel_degree > 1
-                    and estimate.degrees.expert_parallel_degree > 1)
+        degrees = estimate.degrees  # EP folded over shard x tp (issue 32)
+        assert (degrees.hybrid_shard_degree * degrees.tensor_parallel_degree
+                % degrees.expert_parallel_degree == 0)
 
 
 def test_ranking_puts_fitting_layouts_first_fastest_first():

@@ -12,7 +12,7 @@ Per step (one micro-batch each, as the runtime runs it):
   output head and the root never do:
   FSDP2 keeps the root unit gathered from forward to backward); reduce-scatter
   fp32 gradients; with replicas, all-reduce the gradient shards over the replicate group.
-  Expert tensors do this over ``shard / ep`` ranks.
+  Expert tensors do this over ``shard / ep`` ranks (``shard x t / ep`` with TP x EP).
 - Tensor parallelism, per layer: 2 all-reduces of the (b, s, h) activations in forward and 2 in
   backward, or with sequence parallelism an all-gather and a reduce-scatter in place of each
   (the same volume). Full recomputation repeats the forward ones up to the last tensor backward
@@ -24,7 +24,9 @@ Per step (one micro-batch each, as the runtime runs it):
   logits stay split and the cross entropy all-reduces three fp32 numbers per token instead.
   With sequence parallelism the gradients of the vectors TP keeps whole (norm weights, row-wise
   biases) are partial sums over the sequence shards: one more all-reduce of their size.
-- Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward.
+- Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward;
+  with TP x EP each tp rank dispatches 1/t of the tokens, and the outputs (forward) and input
+  gradients (backward) are all-gathered over tp.
 - Context parallelism ("all_gather" type), per layer: all-gather k and v in forward,
   reduce-scatter their gradients in backward.
 
@@ -41,7 +43,12 @@ from dataclasses import dataclass
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
 from meshtrain.plan.encdec import decoder_seq_len, encdec_flops
-from meshtrain.plan.memory import REDUCE_BYTES, Training, group_shard_elements
+from meshtrain.plan.memory import (
+    REDUCE_BYTES,
+    Training,
+    expert_shard_degree,
+    group_shard_elements,
+)
 from meshtrain.plan.models import ModelSpec, param_groups
 
 _F32 = 4
@@ -89,7 +96,7 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
     shard = degrees.hybrid_shard_degree
     dense = expert = gathered_once = 0.0
     for group in param_groups(model):
-        group_shard = shard // ep if group.expert else shard
+        group_shard = expert_shard_degree(shard, tp, ep) if group.expert else shard
         numel = group_shard * group_shard_elements(group, tp=tp, ep=ep, shard=shard) * group.count
         if group.expert:
             expert += numel
@@ -117,7 +124,8 @@ def communication_volumes(
     dense, expert, once = _local_elements(model, degrees)
     c, r = training.compute_bytes, REDUCE_BYTES
     shard, rep = degrees.hybrid_shard_degree, degrees.replicate_degree
-    expert_shard = shard // degrees.expert_parallel_degree
+    expert_shard = expert_shard_degree(shard, degrees.tensor_parallel_degree,
+                                       degrees.expert_parallel_degree)
     reshard = degrees.reshard_after_forward if reshard_after_forward is None \
         else reshard_after_forward
     gathers = 2 if reshard else 1
@@ -178,9 +186,16 @@ def _expert_parallel(
     ep = degrees.expert_parallel_degree
     if ep == 1 or not model.is_moe:
         return 0.0
-    routed = _tokens(degrees, training) * model.experts_per_token
+    tp = degrees.tensor_parallel_degree
+    # With TP each tp rank dispatches only its share of the (shared) tokens, then the outputs
+    # are all-gathered over tp (and the input gradients in backward).
+    routed = _tokens(degrees, training) / tp * model.experts_per_token
     message = training.compute_bytes * routed * model.hidden_size
-    return model.num_layers * (4 + 2 * recompute) * all_to_all_bytes(ep, message)
+    per_layer = (4 + 2 * recompute) * all_to_all_bytes(ep, message)
+    if tp > 1:
+        rows = training.compute_bytes * _tokens(degrees, training) * model.hidden_size
+        per_layer += (2 + recompute) * all_gather_bytes(tp, rows)
+    return model.num_layers * per_layer
 
 
 def _context_parallel(

@@ -6,8 +6,8 @@ Candidates: tensor parallelism within a host (dividing the attention and key/val
 every hybrid_shard_degree dividing the data-parallel size, with FSDP's default strategy and
 with shard_grad_op (without sharding: no_shard keeping its gathered parameters between forward
 and backward, and resharding them after forward); expert parallelism dividing the shard degree
-and the experts (MoE only, never with TP); activation checkpointing off, on, and on with
-offloading; sequence parallelism off and on with TP.
+(shard x tp with TP: the EP group is folded over both) and the experts (MoE only); activation
+checkpointing off, on, and on with offloading; sequence parallelism off and on with TP.
 
 Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
 and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,
@@ -180,7 +180,7 @@ def candidate_parameters(model: ModelSpec, cluster: Cluster,
     recompute_options = ((False, False), (True, False), (True, True))
     for tp in tps:
         for shard in divisors(world // tp):
-            eps = _expert_degrees(model, shard) if tp == 1 else [1]
+            eps = _expert_degrees(model, shard * tp)  # folded over shard x tp with TP
             sps = [False, True] if tp > 1 else [False]
             for (strategy, keep), ep, sp, (ac, off) in itertools.product(
                     _fsdp_options(shard, reshard), eps, sps, recompute_options):

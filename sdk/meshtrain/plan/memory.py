@@ -119,10 +119,20 @@ class ModelStateBytes(_StateSplit):
     """Per-GPU bytes of parameters, gradients and optimizer states."""
 
 
+def expert_shard_degree(shard: int, tp: int, ep: int) -> int:
+    """Ranks an expert tensor is FSDP-sharded over: ``shard / ep``, and with TP x EP (the EP
+    group folded over shard x tp) ``shard x tp / ep``; without EP, the shard group."""
+    if ep == 1:
+        return shard
+    return shard * tp // ep
+
+
 def local_shape(group: ParamGroup, tp: int, ep: int) -> list[int]:
-    """One tensor of `group` on one rank after TP and EP, before FSDP (ceil on uneven splits)."""
+    """One tensor of `group` on one rank after TP and EP, before FSDP (ceil on uneven splits).
+
+    With EP, experts are split over ranks whole (no TP inside an expert, as the runtime)."""
     shape = list(group.shape)
-    if group.tp_dim is not None:
+    if group.tp_dim is not None and not (group.expert and ep > 1):
         shape[group.tp_dim] = math.ceil(shape[group.tp_dim] / tp)
     if group.expert:
         shape[0] = math.ceil(shape[0] / ep)
@@ -138,13 +148,13 @@ def group_shard_elements(group: ParamGroup, *, tp: int, ep: int, shard: int) -> 
     """Elements one rank holds of one tensor of `group` (FSDP2-padded, so a maximum).
 
     Non-expert tensors are sharded on dim 0 over the `shard` group. Expert tensors (experts in
-    dim 0, split `ep` ways) are sharded over ``shard / ep`` ranks: on dim 1 when it divides
+    dim 0, split `ep` ways) are sharded over `expert_shard_degree` ranks: on dim 1 when it divides
     evenly, else on dim 0 (the runtime's ``shard_experts_with_fsdp``, after torchtitan).
     """
     local = local_shape(group, tp, ep)
     if not group.expert:
         return _sharded_numel(local, 0, shard)
-    expert_shard = shard // ep
+    expert_shard = expert_shard_degree(shard, tp, ep)
     dim = 1 if local[1] % expert_shard == 0 else 0
     return _sharded_numel(local, dim, expert_shard)
 

@@ -63,6 +63,7 @@ from meshtrain.plan.memory import (
     OPTIMIZER_STATE_BYTES,
     REDUCE_BYTES,
     Training,
+    expert_shard_degree,
     group_shard_elements,
 )
 from meshtrain.plan.models import ModelSpec, param_groups
@@ -140,7 +141,7 @@ def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
         largest = max(largest, one)
         local = group.count * one
         sharded += local
-        width = shard // ep if group.expert else shard
+        width = expert_shard_degree(shard, tp, ep) if group.expert else shard
         unit = "experts" if group.expert and ep > 1 else group.unit
         if unit == "embedding" and model.tie_word_embeddings:
             unit = "root"
