@@ -13,6 +13,10 @@ backward (gradients retrace both). Uniform routing would make that
 ``4 * tokens * top_k * (ep - 1) / ep * hidden * bytes`` per rank and layer; that expectation is
 printed too. Byte counts do not depend on the machine; this runs on CPU (gloo) or CUDA (NCCL).
 
+``--tp`` (TP x EP, the EP group folded over shard x tp): the ranks of a tp group hold the same
+tokens and each dispatches only its share of them (`apply_expert_parallel(..., tp_mesh=)`); the
+theory then counts each rank's share, and the uniform expectation ``tokens / tp``.
+
     python benchmarks/bench_ep_alltoall.py --ranks 4 --ep 4 --tokens 1024 --hidden 256
 """
 
@@ -34,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4, help="ranks (self-launch via torchrun)")
     parser.add_argument("--ep", type=int, default=4, help="expert_parallel_degree")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor_parallel_degree: tp ranks share tokens, split before dispatch")
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--layers", type=int, default=2)
@@ -104,6 +110,14 @@ def remote_rows(model: nn.Module, routes: list[torch.Tensor], ep: int, ep_group)
     return total
 
 
+def _dispatched(module: nn.Module, top_k_index: torch.Tensor) -> torch.Tensor:
+    """The routes this rank dispatches: with TP x EP only its tp share of the rows."""
+    if module.token_split is None:
+        return top_k_index.detach()
+    start, stop = module.token_split.bounds(top_k_index.shape[0])
+    return top_k_index[start:stop].detach()
+
+
 def run(args: argparse.Namespace) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -114,13 +128,15 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.is_available()) else torch.device("cpu")
     mesh = init_device_mesh(device.type, (1, world // args.ep, args.ep),
                             mesh_dim_names=("replicate", "shard_mod_ep", "ep"))
-    model = apply_expert_parallel(MoEStack(args).to(device), mesh)
+    tp_mesh = init_device_mesh(device.type, (world // args.tp, args.tp),
+                               mesh_dim_names=("dp", "tp"))["tp"] if args.tp > 1 else None
+    model = apply_expert_parallel(MoEStack(args).to(device), mesh, tp_mesh=tp_mesh)
     routes: list[torch.Tensor] = []
     for module in expert_parallel_modules(model):
-        module.register_forward_pre_hook(lambda _m, a: routes.append(a[1].detach()))
+        module.register_forward_pre_hook(lambda m, a: routes.append(_dispatched(m, a[1])))
     counter = AllToAllBytes(mesh["ep"].get_local_rank())
     theory_rows = 0
-    torch.manual_seed(1 + dist.get_rank())
+    torch.manual_seed(1 + dist.get_rank() // args.tp)  # a tp group shares its tokens
     for _ in range(args.steps):
         routes.clear()
         # requires_grad: as behind an embedding or attention, so layer 0's dispatch has a
@@ -130,7 +146,8 @@ def run(args: argparse.Namespace) -> dict:
             model(x).square().mean().backward()
         theory_rows += remote_rows(model, routes, args.ep, mesh["ep"].get_group())
     row_bytes = args.hidden * 4
-    uniform = 4 * args.tokens * args.top_k * (args.ep - 1) / args.ep * row_bytes * args.layers
+    uniform = (4 * args.tokens / args.tp * args.top_k * (args.ep - 1) / args.ep * row_bytes
+               * args.layers)
     return {
         "rank": dist.get_rank(),
         "measured_bytes_per_step": counter.payload_bytes / args.steps,
@@ -154,8 +171,9 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict:
         "uniform_routing_bytes_per_step": uniform,
         "measured_over_uniform": measured / uniform if uniform else None,
     }
-    print(f"EP all-to-all, {args.ranks} ranks, ep={args.ep}, {args.experts} experts top-"
-          f"{args.top_k}, {args.layers} layers, {args.tokens} tokens/rank, hidden {args.hidden}")
+    print(f"EP all-to-all, {args.ranks} ranks, tp={args.tp}, ep={args.ep}, {args.experts} "
+          f"experts top-{args.top_k}, {args.layers} layers, {args.tokens} tokens/rank, "
+          f"hidden {args.hidden}")
     print(f"{'rank':>4} {'measured B/step':>16} {'theory B/step':>14} {'ratio':>6} "
           f"{'a2a/step':>8} {'meta B/step':>11}")
     for r in rows:
@@ -180,8 +198,9 @@ def main() -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend)
-    if dist.get_world_size() % args.ep:
-        raise SystemExit(f"--ep {args.ep} must divide the world size {dist.get_world_size()}")
+    if dist.get_world_size() % args.ep or dist.get_world_size() % args.tp:
+        raise SystemExit(f"--ep {args.ep} and --tp {args.tp} must divide the world size "
+                         f"{dist.get_world_size()}")
     rows: list = [None] * dist.get_world_size()
     dist.all_gather_object(rows, run(args))
     if dist.get_rank() == 0:

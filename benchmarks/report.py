@@ -157,6 +157,7 @@ def build_report(
     launch: Mapping[str, Any] | None = None,
     tp_comm: Mapping[str, Any] | None = None,
     ep_comm: Mapping[str, Any] | None = None,
+    ep_tp_comm: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The latest.json document; `goals_met` compares against the issue's acceptance bounds."""
     entries = [layout_entry(raw) for raw in layouts]
@@ -167,6 +168,7 @@ def build_report(
         "launch": dict(launch) if launch else None,
         "tp_collectives": tp_comm_entry(tp_comm) if tp_comm else None,
         "ep_all_to_all": ep_comm_entry(ep_comm) if ep_comm else None,
+        "ep_tp_all_to_all": ep_comm_entry(ep_tp_comm) if ep_tp_comm else None,
     }
     measured = [e for e in entries if not e["null"]]
     for entry in measured:
@@ -256,6 +258,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     ep = report.get("ep_all_to_all")
     if ep:
         lines.append(f"EP all-to-all bytes vs routed theory = {_fmt(ep['over_theory'], 4)}")
+    ep_tp = report.get("ep_tp_all_to_all")
+    if ep_tp:
+        lines.append("TP x EP all-to-all bytes (each tp rank's share) vs routed theory = "
+                     f"{_fmt(ep_tp['over_theory'], 4)}")
     return "\n".join(lines) + "\n"
 
 

@@ -129,11 +129,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ep = json_of("bench_ep_alltoall.py", ["--ranks", "2", "--ep", "2", "--tokens", "128",
                                           "--hidden", "64", "--intermediate", "128",
                                           "--steps", "2"], timeout=600)
+    # TP x EP: the tp pair shares its tokens and each rank dispatches half (issue 32)
+    ep_tp = json_of("bench_ep_alltoall.py", ["--ranks", "2", "--tp", "2", "--ep", "2",
+                                             "--tokens", "128", "--hidden", "64",
+                                             "--intermediate", "128", "--steps", "2"],
+                    timeout=600)
     from launch_overhead import measure_launch
 
     launch = report.launch_entry(measure_launch(args.launch_pairs, environment()))
     return report.build_report(layouts, machine=machine(args.machine, load_start),
-                               launch=launch, tp_comm=tp, ep_comm=ep)
+                               launch=launch, tp_comm=tp, ep_comm=ep, ep_tp_comm=ep_tp)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
