@@ -43,7 +43,9 @@ def _conf(root: Path, host: str, ports: dict[str, int]) -> str:
         "ClusterName=meshtrain-test",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={ports['ctld']}",
-        "AuthType=auth/munge", f"AuthInfo=socket={root}/munge.sock", "CredType=cred/munge",
+        # cred_expire: also how long a requeued job waits before it starts again (120 s)
+        "AuthType=auth/munge", f"AuthInfo=socket={root}/munge.sock,cred_expire=10",
+        "CredType=cred/munge",
         "SlurmUser=root", "SlurmdUser=root",
         f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={root}/spool.%n",
         f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd.%n.pid",

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 from meshtrain.backends.hosts.artifacts import output_location, package_artifacts
@@ -33,6 +34,12 @@ from meshtrain.backends.hosts.supervisor import (
     FAILURE_REASON_LIMIT,
     STOPPED_BY_CLIENT,
 )
+from meshtrain.backends.slurm.commands import (
+    expand_nodelist,
+    job_state,
+    run_slurm,
+    slurmd_started,
+)
 from meshtrain.backends.slurm.submit import JOB_ID_FILE
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
@@ -42,8 +49,29 @@ from meshtrain.contract.failures import (
     read_host_record,
 )
 
+REQUEUE = "Requeue"
+NODE_PROBE_SECONDS = 30
 FINAL_MESSAGES = {"Completed": "Training job completed", "Failed": "Training job failed",
                   "Stopped": "Training job stopped"}
+
+
+def nodes_respond(count: int) -> bool:
+    """Every node of the allocation still runs a step (a dead node fails the launch)."""
+    try:
+        done = subprocess.run(["srun", f"--nodes={count}", "--ntasks-per-node=1", "true"],
+                              capture_output=True, timeout=NODE_PROBE_SECONDS,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def requeue() -> None:
+    """Put the job back in Slurm's queue (`scontrol requeue`): Slurm ends this run and starts
+    the batch script again once the nodes are there (a node Slurm saw go down is requeued by
+    Slurm itself: JobRequeue=1)."""
+    with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+        run_slurm("scontrol", "requeue", os.environ.get("SLURM_JOB_ID", ""))
 
 
 def node_of(job_dir: JobDirectory, host: str) -> str:
@@ -81,6 +109,7 @@ class BatchStep:
         torch_distributed = self.spec.distribution_config().torch_distributed
         self.max_restarts = torch_distributed.max_restarts
         self.grace = float(torch_distributed.stop_grace_seconds)
+        self.run_started = datetime.now()
 
     def on_sigterm(self, *_: object) -> None:
         self.stop.set()
@@ -104,16 +133,36 @@ class BatchStep:
             time.sleep(0.5)
         code = self.srun.returncode
         if self.stop.is_set():
-            return "Stopped", self.stop_reason()
+            return self.after_sigterm(deadline)
         if code == 0:
             return "Completed", None
+        if self.node_failed():
+            requeue()
+            return REQUEUE, None
         return "Failed", hosts_reason(self.job_dir, code)
 
-    def stop_reason(self) -> str:
+    def node_failed(self) -> bool:
+        """A node of the job died: its slurmd restarted since this run began, or a node does
+        not run a step now."""
+        nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        for node in nodes:
+            started = slurmd_started(node)
+            if started is not None and started > self.run_started:
+                return True
+        return not nodes_respond(len(nodes))
+
+    def after_sigterm(self, deadline: float) -> tuple[str, str | None]:
+        """Why Slurm sent SIGTERM: the client's stop(), --time, an scancel, or a node failure
+        (the job is being requeued: nothing is recorded, the next run goes on)."""
         if self.job_dir.stop_request_file.exists():
-            return STOPPED_BY_CLIENT
-        return ("MaxRuntimeExceeded or scancel: Slurm sent SIGTERM to the job "
-                f"(max_run={self.spec.max_run}s is its --time)")
+            return "Stopped", STOPPED_BY_CLIENT
+        state = job_state(os.environ.get("SLURM_JOB_ID", ""))
+        if state == "TIMEOUT" or time.time() > deadline:
+            return "Stopped", (f"MaxRuntimeExceeded: the job ran past max_run="
+                               f"{self.spec.max_run}s (Slurm --time)")
+        if state == "CANCELLED":
+            return "Stopped", "StopRequested: the Slurm job was cancelled (scancel)"
+        return REQUEUE, None
 
     def begin(self) -> float:
         """Record the start (first run) or the requeue; the deadline across every run."""
@@ -140,7 +189,23 @@ class BatchStep:
                                   threading.Lock())
             attempt += 1
             status, reason = self.run_attempt(attempt, deadline)
+        if status == REQUEUE:
+            status, reason = self.wait_for_requeue(deadline)
+            if status == REQUEUE:
+                return  # Slurm ends this run and starts the job again: nothing recorded
         self.finish(status, reason)
+
+    def wait_for_requeue(self, deadline: float) -> tuple[str, str | None]:
+        """A node of the job died: Slurm ends this run and requeues the job; status.json stays
+        InProgress. Past max_run the job is recorded as Stopped instead."""
+        with contextlib.suppress(OSError), open(self.job_dir.log_file, "ab") as log:
+            log.write(b"[meshtrain] a node of the job failed; waiting for Slurm to requeue it\n")
+        while time.time() < deadline and not self.stop.is_set():
+            time.sleep(1)
+        if time.time() >= deadline:
+            return "Stopped", (f"MaxRuntimeExceeded: the job ran past max_run="
+                               f"{self.spec.max_run}s (across Slurm's requeues)")
+        return REQUEUE, None
 
     def finish(self, status: str, reason: str | None) -> None:
         self.job_dir.add_transition("Uploading", "Uploading generated training model")

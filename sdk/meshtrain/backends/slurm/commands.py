@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from datetime import datetime
 
 from meshtrain.contract.errors import ConfigError
 
@@ -110,3 +111,16 @@ def node_address(node: str) -> str:
 def expand_nodelist(nodelist: str) -> list[str]:
     """n[1-2] -> [n1, n2] (scontrol show hostnames)."""
     return run_slurm("scontrol", "show", "hostnames", nodelist).split()
+
+
+def slurmd_started(node: str) -> datetime | None:
+    """When `node`'s slurmd last started (SlurmdStartTime, the cluster's local time)."""
+    try:
+        text = run_slurm("scontrol", "show", "node", "-o", node)
+    except RuntimeError:
+        return None
+    match = re.search(r"SlurmdStartTime=(\S+)", text)
+    try:
+        return datetime.fromisoformat(match.group(1)) if match else None
+    except ValueError:  # "None" or "Unknown"
+        return None
