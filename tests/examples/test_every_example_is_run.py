@@ -33,6 +33,8 @@ RUNNERS = {
     "resume_other_layout": _EX + "test_resume_on_another_layout",
     "sagemaker": _EX + "test_sagemaker_launch_against_moto",
     "smp_v2": _EX + "test_smp_v2_script_resumes_where_it_stopped",
+    "slurm": "tests/slurm/test_slurm_jobs.py::"
+             "test_quickstart_on_slurm_matches_local_and_leaves_the_model",
     "stop_and_resume": _EX + "test_stop_resume_and_restart",
     "notebooks/planning": _NB + "test_planning_notebook",
     "notebooks/quickstart": _NB + "test_quickstart_notebook",

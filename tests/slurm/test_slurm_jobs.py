@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.e2e]
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 SCRIPTS = Path(__file__).parent / "scripts"
+EXAMPLE = QUICKSTART.parent / "slurm" / "launch.py"
 STEPS = 4
 DISTRIBUTION = {
     "torch_distributed": {"enabled": True, "processes_per_host": 2},
@@ -51,16 +53,20 @@ def quickstart(instance_type: str, jobs_dir: Path, **options) -> Estimator:
 def quickstart_runs(slurm_cluster, tmp_path_factory):
     """The quickstart job three ways at once: fit() on Slurm, a rendered script sbatch'ed by
     hand, fit() on local processes; each one's job directory once it has ended."""
-    jobs_dir = tmp_path_factory.mktemp("jobs")
-    slurm = quickstart("slurm", jobs_dir)
-    slurm.fit(wait=False, job_name="on-slurm")
+    home = tmp_path_factory.mktemp("home")
+    jobs_dir = home / "jobs"
+    example = subprocess.Popen(  # examples/slurm/launch.py: fit() on Slurm
+        [sys.executable, str(EXAMPLE), "--job-name", "on-slurm"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "MESHTRAIN_HOME": str(home)})
+    while not (jobs_dir / "on-slurm").exists() and example.poll() is None:
+        time.sleep(0.2)
     by_hand = _render(jobs_dir, tmp_path_factory.mktemp("render"))
     local = quickstart("local", jobs_dir)
     local.fit(wait=True, job_name="on-local")
-    backend = SlurmBackend(jobs_dir=jobs_dir)
-    for name in ("on-slurm", by_hand):
-        backend.attach(name).wait(logs=False)
-    return {"jobs_dir": jobs_dir, "slurm": slurm, "local": local, "by_hand": by_hand}
+    output, _ = example.communicate(timeout=600)
+    SlurmBackend(jobs_dir=jobs_dir).attach(by_hand).wait(logs=False)
+    return {"jobs_dir": jobs_dir, "example": (example.returncode, output), "local": local,
+            "by_hand": by_hand}
 
 
 def _render(jobs_dir: Path, out: Path) -> str:
@@ -90,7 +96,9 @@ def test_quickstart_on_slurm_matches_local_and_leaves_the_model(quickstart_runs)
     assert sorted(on_slurm) == sorted(on_local)
     for step, loss in on_local.items():
         assert abs(on_slurm[step] - loss) <= 1e-6, (step, on_slurm[step], loss)
-    model = quickstart_runs["slurm"].model_data
+    code, output = quickstart_runs["example"]
+    assert code == 0, output
+    model = re.search(r"Model artifacts: (\S+)", output).group(1)
     assert model == f"file://{jobs_dir}/on-slurm/output/model.tar.gz"
     with tarfile.open(model.removeprefix("file://")) as tar:
         assert "model.pt" in tar.getnames()

@@ -30,8 +30,11 @@ def require_sbatch() -> str:
 
 def run_slurm(*argv: str) -> str:
     """stdout of a Slurm command; RuntimeError with its stderr when it fails."""
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
-                          stdin=subprocess.DEVNULL)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:  # not installed here, or hung
+        raise RuntimeError(f"{argv[0]} could not run: {error}") from None
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip() or done.stdout}")
     return done.stdout
@@ -84,11 +87,14 @@ def find_partition(name: str | None) -> Partition:
 
 
 def job_fields(slurm_job_id: str) -> dict[str, str]:
-    """`scontrol show job` as a dict ({} when Slurm no longer knows the job)."""
+    """`scontrol show job` as a dict ({} when Slurm no longer knows the job); RuntimeError
+    when Slurm cannot be asked (slurmctld down, no scontrol here)."""
     try:
         text = run_slurm("scontrol", "show", "job", "-o", slurm_job_id)
-    except RuntimeError:
-        return {}
+    except RuntimeError as error:
+        if "Invalid job id" in str(error):
+            return {}
+        raise
     fields = {}
     for item in text.split():
         key, _, value = item.partition("=")
@@ -97,8 +103,11 @@ def job_fields(slurm_job_id: str) -> dict[str, str]:
 
 
 def job_state(slurm_job_id: str) -> str:
-    """PENDING, RUNNING, COMPLETED, ... ('' when Slurm no longer knows the job)."""
-    return job_fields(slurm_job_id).get("JobState", "")
+    """PENDING, RUNNING, COMPLETED, ... ('' when Slurm no longer knows or cannot say)."""
+    try:
+        return job_fields(slurm_job_id).get("JobState", "")
+    except RuntimeError:
+        return ""
 
 
 def node_address(node: str) -> str:

@@ -36,7 +36,10 @@ class SlurmTrainingJob(HostTrainingJob):
         job_id = self.slurm_job_id
         if job_id is None:
             return None
-        fields = job_fields(job_id)
+        try:
+            fields = job_fields(job_id)
+        except RuntimeError:
+            return None  # Slurm cannot be asked now: the job is what status.json says
         state = fields.get("JobState", "UNKNOWN")
         if state == "NODE_FAIL" and fields.get("Requeue") == "1":
             return None  # Slurm puts it back in the queue
@@ -61,7 +64,8 @@ class SlurmTrainingJob(HostTrainingJob):
     def end_leftover_processes(self) -> int:
         job_id = self.slurm_job_id
         if job_id is not None and self.slurm_ended() is None:
-            run_slurm("scancel", job_id)
+            with contextlib.suppress(RuntimeError):
+                run_slurm("scancel", job_id)
         return 0
 
     def stop(self) -> None:
