@@ -153,3 +153,10 @@ def test_expert_parallel_reset_parameters_uses_the_model_init_std(two):
         assert row["init_std"] == [0.05, 0.05]
         assert all(row["changed"])
         assert all(0.04 < std < 0.06 for std in row["stds"]), row["stds"]
+
+
+def test_expert_parallel_under_accelerate_init_empty_weights(two):
+    # AWS's SMP scripts (moe=1, delayed_param) call tsm.transform inside init_empty_weights.
+    case = two["empty_weights_2"]
+    assert case["layers"] == 2 and case["meta"]
+    assert case["local_experts"] == [2, 2]  # 4 experts over ep 2

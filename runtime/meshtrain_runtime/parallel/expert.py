@@ -84,8 +84,10 @@ class ExpertParallelExperts(nn.Module):
         self.num_local_experts = self.num_experts // self.ep_degree
         self.act_fn = act_fn
         self.ep_mesh = ep_mesh
-        self.gate_up_proj = self._local_parameter(gate_up_proj)
-        self.down_proj = self._local_parameter(down_proj)
+        # Straight into _parameters: accelerate's init_empty_weights (AWS's SMP scripts run
+        # transform under it) patches register_parameter and cannot rebuild a DTensor.
+        self._parameters["gate_up_proj"] = self._local_parameter(gate_up_proj)
+        self._parameters["down_proj"] = self._local_parameter(down_proj)
         # Split sizes of the latest forward (host lists), for diagnostics and the benchmark.
         self.last_send_splits: list[int] = []
         self.last_recv_splits: list[int] = []

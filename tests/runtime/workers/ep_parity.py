@@ -282,6 +282,24 @@ def reset_case(name: str, layout: Layout) -> None:
         report({"case": name, "ranks": rows})
 
 
+def empty_weights_case(name: str, layout: Layout) -> None:
+    """AWS's SMP scripts transform an MoE model under accelerate's init_empty_weights, which
+    patches register_parameter; EP must still install its DTensor slices (on meta)."""
+    from accelerate import init_empty_weights
+
+    from meshtrain_runtime.parallel.expert import expert_parallel_modules
+
+    _, expert = build_meshes(layout)
+    with init_empty_weights():
+        model = tiny_mixtral(2)
+        ep_apply(model, expert, MoEConfig(moe_load_balancing="sinkhorn"))
+    modules = expert_parallel_modules(model)
+    if dist.get_rank() == 0:
+        report({"case": name, "layers": len(modules),
+                "meta": all(m.gate_up_proj.to_local().is_meta for m in modules),
+                "local_experts": [m.gate_up_proj.to_local().shape[0] for m in modules]})
+
+
 def run_two() -> None:
     mixtral_case("ep2_of_2_top2_plain_starved", Layout(1, 2, 2, fsdp=False), top_k=2,
                  starve=True)
@@ -291,6 +309,7 @@ def run_two() -> None:
     sinkhorn_case("sinkhorn_ep2_of_2_top2_fsdp", Layout(1, 2, 2), top_k=2)
     masked_aux_case("masked_aux_2", Layout(1, 2, 2))
     reset_case("reset_2", Layout(1, 2, 2))
+    empty_weights_case("empty_weights_2", Layout(1, 2, 2))
     bad_input_cases()
 
 
