@@ -1,17 +1,18 @@
 """Metric lines for logs, SageMaker's MetricDefinitions and meshtrain's progress display.
 
-``log(step=10, loss=0.25, tokens=65536)`` prints, on global rank 0, the standard metrics::
+``log(step=10, loss=0.25, tokens=65536)`` prints, on global rank 0, the standard metrics on one
+line::
 
-    [meshtrain metric] train:loss=0.25 step=10
-    [meshtrain metric] train:tokens_per_sec=31250.0 step=10
-    [meshtrain metric] train:tflops=... step=10        (with a FLOP count, see configure())
-    [meshtrain metric] train:mfu=... step=10           (on a GPU the peak table knows)
-    [meshtrain metric] train:cuda_memory_gib=... step=10 / train:cpu_rss_gib=...
+    [meshtrain metric] train:loss=0.25 train:tokens_per_sec=31250.0 train:tflops=... \
+        train:mfu=... train:cpu_rss_gib=... step=10
 
-and any further keyword as ``train:<name>``. ``log_metric(name, value, step)`` prints one line of
-any name. A loss is each rank's own: ``log(loss=global_mean(loss))`` logs the global batch's.
-The line format is :mod:`meshtrain.contract.metrics`; SageMaker jobs get matching
-MetricDefinitions from the Estimator. When the `tensorboard` package is installed (and the script
+(one line in the log: tflops with a FLOP count, see configure(); mfu on a GPU the peak table
+knows; train:cuda_memory_gib / train:cuda_peak_memory_gib when CUDA is in use), and any further
+keyword as ``train:<name>``. ``log_metric(name, value, step)`` prints a one-value line of any
+name, ``log_metrics(step, **values)`` one line of several. A loss is each rank's own:
+``log(loss=global_mean(loss))`` logs the global batch's. The line format is
+:mod:`meshtrain.contract.metrics`; SageMaker jobs get matching MetricDefinitions from the
+Estimator. When the `tensorboard` package is installed (and the script
 uses torch), rank 0 also writes every value as a TensorBoard scalar into
 ``/opt/ml/output/tensorboard`` (SageMaker's TensorBoardOutputConfig default). Importing this
 module does not import torch.
@@ -25,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from meshtrain.contract.metrics import format_metric_line
+from meshtrain.contract.metrics import format_metric_line, format_metrics_line
 from meshtrain.contract.paths import OptMLPaths
 from meshtrain_runtime.throughput import FlopCounter, peak_flops_per_device
 
@@ -36,9 +37,16 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _print_lines(lines: list[str]) -> None:
-    if _is_rank_zero() and lines:
-        print("\n".join(lines), file=sys.stdout, flush=True)
+def _print_line(values: dict[str, float], step: int | None) -> None:
+    """One metric line for all of `values` (a log stays readable at one line per step); the
+    names are checked on every rank, so a bad one fails everywhere alike."""
+    if values:
+        _print(format_metrics_line(values, step))
+
+
+def _print(line: str) -> None:
+    if _is_rank_zero():
+        print(line, file=sys.stdout, flush=True)
 
 
 _tensorboard: Any = None  # None: not tried yet; False: not available
@@ -73,13 +81,14 @@ def _write_scalars(values: dict[str, float], step: int | None) -> None:
 
 def log_metric(name: str, value: float, step: int | None = None) -> None:
     """Print one metric line on global rank 0 (flushed, so the log shows it at once)."""
-    _print_lines([format_metric_line(name, value, step)])
+    _print(format_metric_line(name, value, step))
     _write_scalars({name: float(value)}, step)
 
 
 def log_metrics(step: int | None = None, **values: float) -> None:
-    """`log_metric` for each keyword, e.g. ``log_metrics(loss=0.25, lr=1e-4, step=10)``."""
-    _print_lines([format_metric_line(name, value, step) for name, value in values.items()])
+    """One line of every keyword, e.g. ``log_metrics(loss=0.25, lr=1e-4, step=10)`` prints
+    ``[meshtrain metric] loss=0.25 lr=0.0001 step=10``."""
+    _print_line(values, step)
     _write_scalars({name: float(value) for name, value in values.items()}, step)
 
 
@@ -150,9 +159,9 @@ class MetricsLogger:
         return out
 
     def log(self, step: int | None = None, **values: Any) -> dict[str, float]:
-        """Print the metrics on global rank 0 and return them (every rank)."""
+        """Print the metrics on global rank 0 (one line) and return them (every rank)."""
         metrics = self.values(**values)
-        _print_lines([format_metric_line(name, value, step) for name, value in metrics.items()])
+        _print_line(metrics, step)
         _write_scalars(metrics, step)
         return metrics
 

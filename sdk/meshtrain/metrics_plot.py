@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.metrics import parse_metric_line
+from meshtrain.contract.metrics import parse_metric_records
 
 DEFAULT_METRICS = ("train:loss", "train:tokens_per_sec")
 _AXIS_LABELS = {"train:loss": "loss", "train:tokens_per_sec": "tokens/s", "train:tflops":
@@ -22,11 +22,10 @@ def read_metric_series(lines: Iterable[str]) -> dict[str, list[tuple[int, float]
     """{metric name: [(step, value), ...]} in log order; lines without a step are numbered."""
     series: dict[str, list[tuple[int, float]]] = {}
     for line in lines:
-        record = parse_metric_line(line)
-        if record is None:
-            continue
-        points = series.setdefault(record.name, [])
-        points.append((record.step if record.step is not None else len(points), record.value))
+        for record in parse_metric_records(line):  # a line may carry several metrics
+            points = series.setdefault(record.name, [])
+            points.append((record.step if record.step is not None else len(points),
+                           record.value))
     return series
 
 

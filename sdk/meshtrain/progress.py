@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshtrain.contract.metrics import parse_metric_line
+from meshtrain.contract.metrics import MetricRecord, parse_metric_records
 
 TOTAL_STEPS_METRIC = "train:total_steps"
 TOTAL_STEPS_HYPERPARAMETERS = ("max_steps", "total_steps")
@@ -89,18 +89,20 @@ class ProgressTracker:
         self._latest: tuple[int, float] | None = None
 
     def feed(self, line: str) -> bool:
-        """Take one log line; True if it was a metric line that changed the progress."""
-        record = parse_metric_line(line)
-        if record is None:
-            return False
+        """Take one log line; True if it was a metric line (one value or several)."""
+        records = parse_metric_records(line)
+        for record in records:
+            self._take(record)
+        return bool(records)
+
+    def _take(self, record: MetricRecord) -> None:
         if record.name == TOTAL_STEPS_METRIC:
             self.total_steps = int(record.value) if record.value > 0 else None
-            return True
+            return
         if math.isfinite(record.value):
             self.values[record.name] = record.value
         if record.step is not None and (self.step is None or record.step > self.step):
             self._observe_step(record.step)
-        return True
 
     def _observe_step(self, step: int) -> None:
         now = self.clock()

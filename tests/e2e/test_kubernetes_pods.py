@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from meshtrain import Estimator, kubernetes
-from meshtrain.contract.metrics import parse_metric_line
+from meshtrain.contract.metrics import parse_metric_records
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 DISTRIBUTION = {"torch_distributed": {"enabled": True, "processes_per_host": 2},
@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
 
 
 def last_loss(lines) -> float:
-    losses = [r.value for r in map(parse_metric_line, lines) if r and r.name == "train:loss"]
+    losses = [r.value for line in lines for r in parse_metric_records(line)
+              if r.name == "train:loss"]
     assert losses, "no train:loss metric line"
     return losses[-1]
 

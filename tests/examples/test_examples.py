@@ -23,11 +23,11 @@ import boto3
 import pytest
 from sagemaker_moto import ROLE
 
-from meshtrain.contract.metrics import STANDARD_METRICS
+from meshtrain.contract.metrics import STANDARD_METRICS, parse_metric_records
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-METRIC = re.compile(r"\[algo-1 rank 0\] \[meshtrain metric\] ([\w:]+)=(\S+) step=(\d+)")
+RANK_ZERO = "[algo-1 rank 0] "
 
 
 def run_example(script: str, home: Path, *args: str, timeout: int = 600) -> str:
@@ -41,8 +41,9 @@ def run_example(script: str, home: Path, *args: str, timeout: int = 600) -> str:
 
 def metrics(stdout: str, name: str = "train:loss") -> dict[int, float]:
     """step -> value of the metric lines rank 0 printed (in SageMaker's metric format)."""
-    return {int(step): float(value) for metric, value, step in METRIC.findall(stdout)
-            if metric == name}
+    return {record.step: record.value for line in stdout.splitlines()
+            if RANK_ZERO in line for record in parse_metric_records(line)
+            if record.name == name and record.step is not None}
 
 
 def artifacts(stdout: str) -> list[Path]:

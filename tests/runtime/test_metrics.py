@@ -13,8 +13,10 @@ from meshtrain.contract.metrics import (
     STANDARD_METRICS,
     MetricRecord,
     format_metric_line,
+    format_metrics_line,
     metric_definitions,
     parse_metric_line,
+    parse_metric_records,
 )
 from meshtrain_runtime import metrics
 from meshtrain_runtime.throughput import FlopCounter, matmul_parameters
@@ -63,20 +65,26 @@ def test_matmul_parameters_leave_out_lookups_but_keep_a_tied_head(tied):
     assert (counter.num_layers, counter.hidden_size, counter.num_params) == (2, 32, expected)
 
 
-def test_log_prints_standard_lines_on_rank_zero_that_definitions_capture(capsys, monkeypatch):
+def test_log_prints_one_line_per_call_that_parses_back_and_definitions_capture(capsys,
+                                                                               monkeypatch):
     monkeypatch.setenv("RANK", "0")
     metrics.configure(num_params=1000, num_layers=1, hidden_size=8, seq_len=4, world_size=2,
                       peak_tflops=1.0)
     first = metrics.log(step=0, loss=2.5)  # starts the clock: no throughput yet
     assert "train:tokens_per_sec" not in first
-    second = metrics.log(step=1, loss=2.0, tokens=800, seconds=0.5, lr=1e-3)
+    second = metrics.log(step=1, loss=2.0, tokens=800, seconds=0.5)
     assert second["train:tokens_per_sec"] == 1600.0
     assert second["train:tflops"] == (6 * 1000 + 12 * 1 * 8 * 4) * 1600.0 / 2 / 1e12
-    assert second["train:lr"] == 1e-3 and second["train:cpu_rss_gib"] > 0
+    third = metrics.log(step=2, loss=1.5, lr=1e-3)
+    assert third["train:lr"] == 1e-3 and third["train:cpu_rss_gib"] > 0
     lines = capsys.readouterr().out.splitlines()
-    parsed = [parse_metric_line(f"[algo-1 rank 0] {line}") for line in lines]
-    assert MetricRecord("train:loss", 2.0, 1) in parsed
-    assert all(record is not None for record in parsed)
+    assert len(lines) == 3  # issue 35: one console line per log() call, not one per metric
+    parsed = [parse_metric_records(f"[algo-1 rank 0] {line}") for line in lines]
+    # loss, tokens/s, TFLOP/s, MFU and memory: five metrics, one line, five records
+    assert [r.name for r in parsed[1]] == ["train:loss", "train:tokens_per_sec", "train:tflops",
+                                           "train:mfu", "train:cpu_rss_gib"]
+    assert {r.name: r.value for r in parsed[1]} == second and {r.step for r in parsed[1]} == {1}
+    assert {r.name: r.value for r in parsed[2]} == third
     log = "\n".join(lines)
     for definition in metric_definitions(*STANDARD_METRICS[:4]):
         found = re.findall(definition["Regex"], log)
@@ -95,6 +103,8 @@ def test_other_ranks_print_nothing_but_return_the_values(capsys, monkeypatch):
     ("[meshtrain metric] x=nan step=1", None),  # parsed below: nan is not equal to itself
     ("plain log line", None),
     ("[meshtrain metric] bad name=1", None),
+    ("[meshtrain metric] a=1.0 b=2.0 step=3", MetricRecord("a", 1.0, 3)),  # the first record
+    ("[meshtrain metric] a=1.0  b=2.0", None),  # not the format: nothing, not a part
 ])
 def test_parse_metric_line(line, record):
     parsed = parse_metric_line(line)
@@ -107,6 +117,31 @@ def test_parse_metric_line(line, record):
 def test_format_and_parse_round_trip():
     for value in (0.1, -3.5, 6.02e23, float("inf")):
         assert parse_metric_line(format_metric_line("m", value, 2)) == MetricRecord("m", value, 2)
+    values = {"train:loss": 0.25, "eval/x-y.z": -1e-07, "train:mfu": 0.5, "b": float("-inf")}
+    line = format_metrics_line(values, step=10)
+    assert line == ("[meshtrain metric] train:loss=0.25 eval/x-y.z=-1e-07 train:mfu=0.5 b=-inf "
+                    "step=10")
+    assert parse_metric_records(line) == [MetricRecord(n, v, 10) for n, v in values.items()]
+    assert parse_metric_records(format_metrics_line(values)) == [
+        MetricRecord(n, v, None) for n, v in values.items()]
+
+
+def test_a_metric_named_step_is_a_record_and_only_a_trailing_integer_is_the_step():
+    # a value is a float's repr ("5.0"), a step an integer ("5")
+    assert parse_metric_records(format_metrics_line({"a": 1.0, "step": 5.0}, step=6)) == [
+        MetricRecord("a", 1.0, 6), MetricRecord("step", 5.0, 6)]
+    assert parse_metric_records("[meshtrain metric] step=5") == [MetricRecord("step", 5.0, None)]
+    assert parse_metric_records("[meshtrain metric] a=1.0 step=5.0") == [
+        MetricRecord("a", 1.0, None), MetricRecord("step", 5.0, None)]
+    assert parse_metric_records("[meshtrain metric] step=3 a=1.0 step=4") == [
+        MetricRecord("step", 3.0, 4), MetricRecord("a", 1.0, 4)]
+
+
+def test_a_multi_value_line_needs_values_and_good_names():
+    with pytest.raises(ValueError, match="at least one value"):
+        format_metrics_line({})
+    with pytest.raises(ValueError, match="metric name 'bad name' is invalid"):
+        format_metrics_line({"ok": 1.0, "bad name": 2.0})
 
 
 def test_device_names_map_to_the_peak_table():

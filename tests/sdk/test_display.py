@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from meshtrain.contract.metrics import format_metric_line
+from meshtrain.contract.metrics import format_metric_line, format_metrics_line
 from meshtrain.display import LiveDisplay, PlainDisplay, host_index, make_display
 from meshtrain.progress import ProgressTracker
 
@@ -49,11 +49,16 @@ def test_plain_display_passes_the_log_and_adds_progress_lines_at_most_every_inte
 def test_plain_display_ends_with_the_progress_and_the_time_the_job_ran():
     clock, out = Clock(), io.StringIO()
     display = PlainDisplay("job-2", ProgressTracker(clock=clock), write=out.write, clock=clock)
-    display.log(metric("train:loss", 0.5, 4))
+    # one line of several metrics, as meshtrain_runtime.metrics.log() prints it
+    step_line = "[algo-1 rank 0] " + format_metrics_line(
+        {"train:loss": 0.5, "train:tokens_per_sec": 2048.0, "train:mfu": 0.25}, step=4)
+    display.log(step_line)
     clock.now = 3725.0
     display.close()
+    assert out.getvalue().splitlines()[0] == step_line  # the log line itself is passed through
     last = out.getvalue().splitlines()[-1]
-    assert last == "[meshtrain] job-2: step 4 · loss 0.5000 · ran 1:02:05"
+    assert last == ("[meshtrain] job-2: step 4 · loss 0.5000 · 2,048 tokens/s · MFU 25.0% · "
+                    "ran 1:02:05")
     silent, clock = io.StringIO(), Clock()
     quiet = PlainDisplay("job-3", ProgressTracker(clock=clock), write=silent.write, clock=clock)
     quiet.log("no metrics here")

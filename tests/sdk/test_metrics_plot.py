@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshtrain.contract.metrics import format_metric_line
+from meshtrain.contract.metrics import format_metric_line, format_metrics_line
 from meshtrain.errors import ConfigError
 from meshtrain.metrics_plot import plot_metrics, read_metric_series
 
@@ -14,10 +14,10 @@ Image = pytest.importorskip("PIL.Image")
 
 def _log() -> list[str]:
     lines = ["[algo-1 rank 0] step 0 starting", "[algo-2] unrelated output"]
-    for step in range(5):
-        lines.append(f"[algo-1 rank 0] {format_metric_line('train:loss', 4.0 - step, step)}")
-        if step:
-            lines.append(format_metric_line("train:tokens_per_sec", 1000.0 + step, step))
+    lines.append(f"[algo-1 rank 0] {format_metric_line('train:loss', 4.0, 0)}")  # one value
+    for step in range(1, 5):  # several values on one line, as metrics.log() prints them
+        values = {"train:loss": 4.0 - step, "train:tokens_per_sec": 1000.0 + step}
+        lines.append(f"[algo-1 rank 0] {format_metrics_line(values, step)}")
     return lines
 
 

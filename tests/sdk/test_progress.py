@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshtrain.contract.metrics import format_metric_line
+from meshtrain.contract.metrics import format_metric_line, format_metrics_line
 from meshtrain.progress import (
     Progress,
     ProgressTracker,
@@ -41,6 +41,23 @@ def test_tracker_reads_step_loss_throughput_and_paces_the_eta():
     assert progress.eta_seconds == pytest.approx(160.0)  # 80 steps left at 2 s each
     clock.now += 15.0  # time passes with no new step: the ETA counts down
     assert tracker.progress().eta_seconds == pytest.approx(145.0)
+
+
+def test_one_line_of_several_metrics_moves_every_field():
+    """What meshtrain_runtime.metrics.log() prints: one line per step with every value."""
+    clock = FakeClock()
+    tracker = ProgressTracker(clock=clock)
+    first = {"train:loss": 3.0, "train:total_steps": 40.0, "train:cpu_rss_gib": 1.5}
+    assert tracker.feed("[algo-1 rank 0] " + format_metrics_line(first, step=0))
+    clock.now += 5.0
+    values = {"train:loss": 2.5, "train:tokens_per_sec": 31250.0, "train:tflops": 1.25,
+              "train:mfu": 0.375, "train:cpu_rss_gib": 1.5}
+    assert tracker.feed("[algo-1 rank 0] " + format_metrics_line(values, step=10))
+    progress = tracker.progress()
+    assert (progress.step, progress.total_steps, progress.loss) == (10, 40, 2.5)
+    assert (progress.tokens_per_sec, progress.mfu) == (31250.0, 0.375)
+    assert progress.eta_seconds == pytest.approx(15.0)  # 30 steps left at 0.5 s each
+    assert tracker.values["train:tflops"] == 1.25
 
 
 def test_total_steps_metric_overrides_the_hyperparameter():

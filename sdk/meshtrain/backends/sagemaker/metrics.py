@@ -5,9 +5,10 @@ A script calls ``log_metric("train:loss", 0.25, step=10)``, which prints the lin
     [meshtrain metric] train:loss=0.25 step=10
 
 and the job is started with ``metric_definitions=metric_definitions("train:loss")``: SageMaker
-then applies ``\\[meshtrain metric\\] train:loss=(<number>)`` to the job's logs and records the
-captured number as the metric (CloudWatch, the console, hyperparameter tuning). The line format
-lives in :mod:`meshtrain.contract.metrics`; this module keeps the names users import.
+then applies ``\\[meshtrain metric\\].* train:loss=(<number>)`` to the job's logs (it finds the
+name anywhere in a one-value or several-value metric line) and records the captured number as
+the metric (CloudWatch, the console, hyperparameter tuning). The line format lives in
+:mod:`meshtrain.contract.metrics`; this module keeps the names users import.
 """
 
 from __future__ import annotations
