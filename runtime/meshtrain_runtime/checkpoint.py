@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -53,6 +54,7 @@ from meshtrain_runtime.checkpoint_base import (
     world_size,
 )
 from meshtrain_runtime.checkpoint_rng import restore_rng_states, save_rng_states
+from meshtrain_runtime.parallel.pipeline import PipelineModule
 
 MARKER_NAME = "meshtrain-checkpoint.json"
 FORMAT_VERSION = 1
@@ -102,6 +104,9 @@ def save_checkpoint(
     wait_for_pending_save()
     target = _resolve_save_dir(path, step)
     record = marker_record(step, extra, optimizer is not None)
+    flat = isinstance(model, PipelineModule)  # see _training_state
+    if flat:
+        record["flat_optimizer"] = True
     root = None if step is None else target.parent
     _check_keep_last(keep_last, step)
     if rank() == 0:
@@ -112,7 +117,7 @@ def save_checkpoint(
     save_rng_states(target, rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
     writer = dcp.FileSystemWriter(str(target), overwrite=True)
-    state = _training_state(model, optimizer)
+    state = _training_state(model, optimizer, flat=flat)
     complete = partial(_complete, target, record, root, keep_last)
     if async_:
         global _pending
@@ -232,13 +237,15 @@ def load_checkpoint(
             "optimizer state to load. Load the model only (optimizer=None) or save with the "
             "optimizer."
         )
-    state = _training_state(model, optimizer)
+    flat = bool(record.get("flat_optimizer"))
+    state = _training_state(model, optimizer, flat=flat)
     dcp.load(state, checkpoint_id=str(target))
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(flatten_optimizer_state_dict=flat))
     same_world = record.get("world_size") == world_size()
     restored = same_world and restore_rng_states(target, rank())
     return {"step": record["step"], "extra": record["extra"], "path": str(target),
@@ -276,11 +283,17 @@ def _keep_hf_config(model: nn.Module, target: Path) -> None:
         config.to_json_file(str(target / "config.json"))
 
 
-def _training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """{"model": ..., "optimizer": ...} as torch's sharded state dicts (FQN keys)."""
+def _training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    *, flat: bool = False) -> dict[str, Any]:
+    """{"model": ..., "optimizer": ...} as torch's sharded state dicts (FQN keys).
+
+    `flat` (pipelined models; the marker says so): the optimizer's param groups keyed by
+    parameter name, not as a list whose ``params`` differ per pipeline stage (DCP keeps one
+    rank's copy of a list, so the other stages' groups would be lost)."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
-    model_state, optim_state = get_state_dict(model, optimizer)
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     return {"model": model_state, "optimizer": optim_state}
 
 

@@ -1,5 +1,6 @@
 """A checkpoint saved by pp2 x dp2 (4 gloo ranks) resumes without pipelining on 2 ranks with the
-same losses, optimizer state included (two launches, ~40-90 s together on a loaded 2-core box)."""
+same losses, optimizer state included, and at pp4 on 4 ranks (three launches, ~40-90 s together
+on a loaded 2-core box)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ WORKER = Path(__file__).parent / "workers" / "pipeline_checkpoint.py"
 def test_pp2_dp2_checkpoint_resumes_without_pipelining(torchrun, tmp_path: Path) -> None:
     saved = torchrun(WORKER, 4, "save", str(tmp_path), timeout=300)
     loaded = torchrun(WORKER, 2, "load", str(tmp_path), timeout=300)
+    at_pp4 = torchrun(WORKER, 4, "load_pp4", str(tmp_path), timeout=300)
     assert {r["pp_size"] for r in saved} == {2} and {r["pp_size"] for r in loaded} == {1}
     # the pipelined ranks held parts of the model under the unsplit model's names
     assert set.union(*(set(r["names"]) for r in saved)) == set(loaded[0]["names"])
     assert (tmp_path / "step_00000002" / "config.json").is_file()
     expected = saved[0]["losses"]
     assert all(r["losses"] == expected for r in saved)
-    for row in loaded:
+    assert {r["pp_size"] for r in at_pp4} == {4}
+    for row in loaded + at_pp4:
         errors = [abs(a - b) for a, b in zip(row["losses"], expected, strict=True)]
         assert max(errors) <= PARITY, errors

@@ -1,4 +1,5 @@
-"""A pipelined checkpoint loads without pipelining: ``save DIR`` on 4 ranks, ``load DIR`` on 2.
+"""A pipelined checkpoint loads without pipelining: ``save DIR`` on 4 ranks, ``load DIR`` on 2,
+``load_pp4 DIR`` on 4 ranks at another pipeline degree.
 
 save: pp2 x dp2 (hybrid_shard_degree 2 within each stage, 1F1B, 2 microbatches) trains a tiny
 HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, then trains on
@@ -19,6 +20,11 @@ from report import report
 import meshtrain_runtime as mr
 
 SAVE_AT = 2
+PARAMETERS = {
+    "save": {"pipeline_parallel_degree": 2, "hybrid_shard_degree": 2, "microbatches": 2},
+    "load": {},  # 2 ranks, full shard, no pipelining
+    "load_pp4": {"pipeline_parallel_degree": 4, "microbatches": 4},  # another pp degree
+}
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -37,13 +43,12 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def main(mode: str, directory: str) -> None:
-    pipelined = mode == "save"
-    mr.init({"pipeline_parallel_degree": 2, "hybrid_shard_degree": 2, "microbatches": 2}
-            if pipelined else {})
+    saving = mode == "save"
+    mr.init(PARAMETERS[mode])
     torch.manual_seed(0)
-    model = mr.transform(build("llama") if pipelined else _other_seed())
+    model = mr.transform(build("llama") if saving else _other_seed())
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    if pipelined:
+    if saving:
         train_steps(model, optimizer, range(SAVE_AT))
         mr.save_checkpoint(directory, model, optimizer, step=SAVE_AT)
     else:
