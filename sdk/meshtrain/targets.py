@@ -130,8 +130,9 @@ TARGET_KINDS: tuple[TargetKind, ...] = (
                options=_declared_options("meshtrain.backends.kubernetes.backend:OPTIONS"),
                on_this_machine=False,
                example="'k8s:' and a node type for Kubernetes, e.g. 'k8s:ml.p5.48xlarge'"),
-    TargetKind("slurm", "Slurm", lambda t: t == "slurm", "meshtrain.backends.slurm:SlurmBackend",
-               row=_no_row, options=_declared_options("meshtrain.backends.slurm.backend:OPTIONS"),
+    TargetKind("slurm", "Slurm", lambda t: t == "slurm",
+               "meshtrain.backends.slurm.backend:SlurmBackend", row=_no_row,
+               options=_declared_options("meshtrain.backends.slurm.backend:OPTIONS"),
                on_this_machine=False, example="'slurm' (one sbatch job on the Slurm cluster)"),
 )
 FIXED_NAMES = ("local", "local_docker", "local_gpu", "slurm")

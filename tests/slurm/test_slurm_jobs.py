@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from meshtrain import Estimator
-from meshtrain.backends.slurm import SlurmBackend
+from meshtrain.backends.slurm.backend import SlurmBackend
 from meshtrain.cli import main as cli_main
 from meshtrain.contract.errors import JobFailedError
 

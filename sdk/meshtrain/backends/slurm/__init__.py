@@ -1,6 +1,3 @@
-"""Slurm: one sbatch job per training job, one host per node, over a shared job directory."""
-
-from meshtrain.backends.slurm.backend import SlurmBackend
-from meshtrain.backends.slurm.handle import SlurmTrainingJob
-
-__all__ = ["SlurmBackend", "SlurmTrainingJob"]
+"""Slurm: one sbatch job per training job, one host per node, over a shared job directory
+(meshtrain.backends.slurm.backend; nothing is imported here, so the CLI's `slurm` command and
+the target table stay cheap to load)."""
