@@ -49,7 +49,11 @@ from meshtrain_runtime.parallel.fsdp import (
     resolve_offload_policy,
     resolve_reshard_after_forward,
 )
-from meshtrain_runtime.parallel.pipeline import PipelineModule, apply_pipeline
+from meshtrain_runtime.parallel.pipeline import (
+    PipelineModule,
+    apply_pipeline,
+    check_pipeline_request,
+)
 from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
@@ -251,6 +255,8 @@ def _check_request(
     check_model_parallel_request(st, device=device, load_state_dict_from_rank0=from_rank0)
     resolve_offload_policy(params.cpu_offload, st.device.type)
     check_fp8(params.fp8, st.device)
+    if st.pipeline_parallel_degree > 1:
+        check_pipeline_request(model, from_rank0)
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ConfigError(
             "The model is already sharded (transform() or fully_shard() ran on it). Call "

@@ -87,6 +87,7 @@ def test_parameter_names_are_the_unsplit_models(records) -> None:
     ("uneven_batch", "forward_backward got 6 rows but microbatches=4: 6 is not a multiple of 4"),
     ("direct_call", "meshtrain_runtime.forward_backward(model, inputs, targets, loss_fn=fn)"),
     ("tied", "ties its input embedding to its output head"),
+    ("rank0_weights", "load_state_dict_from_rank0=True or a meta-device model is not supported"),
 ])
 def test_refusals_are_config_errors_with_the_arithmetic(records, case: str, quoted: str) -> None:
     (row,) = select(records, case=case)

@@ -143,6 +143,17 @@ def apply_pipeline(model: nn.Module, blocks: list[nn.Module], *, params: Any, pp
     return staged
 
 
+def check_pipeline_request(model: nn.Module, load_state_dict_from_rank0: bool) -> None:
+    """What pipelining does not take yet: rank-0 weights and meta-device models (every rank
+    keeps only its stages, so one rank cannot hand out the others' weights)."""
+    if load_state_dict_from_rank0 or any(p.is_meta for p in model.parameters()):
+        raise ConfigError(
+            "With pipeline_parallel_degree > 1, transform() needs the model's real weights on "
+            "every rank (load_state_dict_from_rank0=True or a meta-device model is not "
+            "supported with pipelining yet). Build the model with its weights on every rank, or "
+            "load a checkpoint after transform().")
+
+
 def stage_bounds(num_blocks: int, num_stages: int, split_points: list[int] | None) -> list[int]:
     """Block index bounds of every stage: stage s holds blocks[bounds[s]:bounds[s + 1]]."""
     if num_blocks < num_stages:
@@ -253,5 +264,6 @@ def _attach(root: nn.Module, path: str, module: nn.Module) -> None:
     node.add_module(leaf, module)
 
 
-__all__ = ["PipelineModule", "PipelineStageModule", "apply_pipeline", "local_stage_indices",
+__all__ = ["PipelineModule", "PipelineStageModule", "apply_pipeline", "check_pipeline_request",
+           "local_stage_indices",
            "plan_stages", "stage_bounds"]

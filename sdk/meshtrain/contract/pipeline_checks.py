@@ -95,6 +95,11 @@ def _check_combinations(params: Any, pp: int, schedule: str) -> None:
             f"pipeline_parallel_degree={pp}: an MoE model's auxiliary (load-balancing) loss "
             "is summed over the router outputs of every layer, which a pipeline stage boundary "
             "does not carry. Use one of them (set the other to 1).")
+    if params.activation_offloading:
+        raise ValueError(
+            f"activation_offloading=True with pipeline_parallel_degree={pp}: the offloader "
+            "starts its prefetch at the end of the whole model's forward, which no pipeline "
+            "stage runs. Use activation_checkpointing alone, or pipeline_parallel_degree=1.")
     if params.compile and schedule in ZERO_BUBBLE_SCHEDULES:
         raise ValueError(
             f"compile=True with pipeline_schedule={schedule!r}: torch's zero-bubble schedules "

@@ -129,6 +129,8 @@ def report_refusals() -> None:
         mr.forward_backward(model, data()[:6, :-1], data()[:6, 1:], loss_fn=loss_fn)
 
     refusal("uneven_batch", base, uneven)
+    refusal("rank0_weights", base,
+            lambda: mr.transform(build("custom"), load_state_dict_from_rank0=True))
     refusal("direct_call", base, lambda: mr.transform(build("custom"))(data()[:2]))
     refusal("tied", base, lambda: mr.transform(LlamaForCausalLM(LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
