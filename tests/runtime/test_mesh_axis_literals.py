@@ -19,6 +19,7 @@ AXIS_NAMES = frozenset(axis.value for axis in MeshAxis)
 ALLOWED = {
     ("parallel/plans/resolve.py", "replicate"): "a tensor-parallel style name",
     ("parallel/plans/styles.py", "replicate"): "a tensor-parallel style name",
+    ("parallel/plans/regions.py", "replicate"): "a tensor-parallel style name",
 }
 
 
