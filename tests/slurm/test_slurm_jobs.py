@@ -112,6 +112,10 @@ def test_a_rendered_script_submitted_by_hand_trains_the_same_job(quickstart_runs
     jobs_dir = quickstart_runs["jobs_dir"]
     job = SlurmBackend(jobs_dir=jobs_dir).attach(quickstart_runs["by_hand"])
     assert job.describe()["TrainingJobStatus"] == "Completed"
+    script = (jobs_dir / "by-hand" / "job.sbatch").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --requeue",
+                 "#SBATCH --time=1440"):  # max_run's default, 24 h, is --time in minutes
+        assert line in script.splitlines(), (line, script)
     by_hand, on_local = losses(jobs_dir / "by-hand"), losses(jobs_dir / "on-local")
     assert sorted(by_hand) == sorted(on_local) == list(range(STEPS))
     for step, loss in on_local.items():
