@@ -60,6 +60,13 @@ def test_state_lists_the_folded_expert_groups(four):
     assert wide["experts_held"] == [[0, 0], [1, 1], [2, 2], [3, 3]]
 
 
+@pytest.mark.multiprocess
+def test_experts_split_by_tensor_parallelism_are_refused(four):
+    message = four["tp_split_experts"]["message"]
+    assert message and "split by tensor parallelism" in message
+    assert "tp_plan_without_experts" in message
+
+
 def test_contract_folds_ep_over_shard_and_tp():
     params = parse_smp_parameters({"tensor_parallel_degree": 2, "expert_parallel_degree": 4})
     degrees = resolve_degrees(params, 4)

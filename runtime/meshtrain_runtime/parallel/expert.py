@@ -290,6 +290,19 @@ def _tp_applied(param: DTensor) -> bool:
     return param.device_mesh.ndim == 1 and (param.device_mesh.mesh_dim_names or ("",))[0] == "tp"
 
 
+def _check_whole_experts(name: str, experts: nn.Module) -> None:
+    """Experts split by tensor parallelism cannot be split over EP ranks as well."""
+    for attr in ("gate_up_proj", "down_proj"):
+        weight = getattr(experts, attr)
+        if isinstance(weight, DTensor) and not all(p.is_replicate() for p in weight.placements):
+            raise ConfigError(
+                f"{name}.{attr} is split by tensor parallelism ({weight.placements}); with "
+                f"expert parallelism the experts stay whole (no TP inside experts). Leave them "
+                f"out of tp_plan (tp_plan_without_experts(model) drops the HF plan's expert "
+                f"entries)."
+            )
+
+
 def _check_divisible(name: str, num_experts: int, ep_degree: int) -> None:
     if num_experts % ep_degree:
         raise ConfigError(
@@ -385,6 +398,7 @@ def apply_expert_parallel(
         )
     for name, experts in targets:
         _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)
+        _check_whole_experts(name, experts)
     _replace_experts(model, targets, dispatch_mesh, token_split_from_mesh(tp_mesh))
     if moe_config is not None:
         install_hf_routing(_hf_routers(model, targets), moe_config.moe_load_balancing)

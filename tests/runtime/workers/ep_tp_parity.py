@@ -113,6 +113,32 @@ def case(name: str, params: dict, top_k: int, config: MoEConfig) -> None:
         report(record)
 
 
+def tp_split_experts_refused(name: str) -> None:
+    """Experts split over tp (a tp_plan that shards them) with EP: a ConfigError. (The HF
+    plan's own expert entries are kept replicated by meshtrain's TP, so this takes a split.)"""
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from meshtrain.errors import ConfigError
+
+    st = build_state(parse_smp_parameters({"tensor_parallel_degree": 2,
+                                           "expert_parallel_degree": 2}),
+                     device=torch.device("cpu"))
+    model = tiny_mixtral(2)
+    apply_tensor_parallel(model, st.mesh["tp"])  # the full HF plan (experts kept whole)
+    experts = model.model.layers[0].mlp.experts
+    split = distribute_tensor(experts.gate_up_proj.full_tensor().detach(), st.mesh["tp"],
+                              [Shard(1)])
+    experts.gate_up_proj = nn.Parameter(split)  # as a tp_plan splitting the experts would
+    try:
+        apply_expert_parallel(model, st.expert_mesh, tp_mesh=st.mesh["tp"])
+        message = None
+    except ConfigError as error:
+        message = str(error)
+    if dist.get_rank() == 0:
+        report({"case": name, "message": message})
+
+
 def main() -> None:
     config = MoEConfig(moe_aux_loss_coeff=0.05, moe_z_loss_coeff=0.01)
     case("tp2_ep2_fsdp_top2", {"tensor_parallel_degree": 2, "expert_parallel_degree": 2},
@@ -123,6 +149,7 @@ def main() -> None:
          top_k=2, config=MoEConfig(moe_load_balancing="none", moe_z_loss_coeff=0.01))
     case("tp2_ep2_transform_top2", {"tensor_parallel_degree": 2, "expert_parallel_degree": 2,
                                     "through_transform": True}, top_k=2, config=config)
+    tp_split_experts_refused("tp_split_experts")
 
 
 if __name__ == "__main__":
