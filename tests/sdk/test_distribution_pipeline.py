@@ -68,6 +68,8 @@ def test_stages_per_rank_defaults_per_schedule():
       "pipeline_schedule": "ZBVZeroBubble"}, 4, "torch refuses compiled stages"),
     ({"pipeline_parallel_degree": 2, "microbatches": 4, "activation_checkpointing": True,
       "activation_offloading": True}, 4, "which no pipeline stage runs"),
+    ({"pipeline_parallel_degree": 2, "microbatches": 4, "tensor_parallel_degree": 2,
+      "sequence_parallel": True}, 4, "sequence_parallel=True with pipeline_parallel_degree=2"),
     ({"pipeline_split_points": [2]}, 4, "pipeline_parallel_degree=1"),
     ({"pipeline_schedule": "Looped"}, 4, "pipeline_schedule"),
 ])

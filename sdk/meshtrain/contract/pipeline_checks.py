@@ -95,6 +95,13 @@ def _check_combinations(params: Any, pp: int, schedule: str) -> None:
             f"pipeline_parallel_degree={pp}: an MoE model's auxiliary (load-balancing) loss "
             "is summed over the router outputs of every layer, which a pipeline stage boundary "
             "does not carry. Use one of them (set the other to 1).")
+    for key in ("sequence_parallel", "loss_parallel"):
+        if getattr(params, key):
+            raise ValueError(
+                f"{key}=True with pipeline_parallel_degree={pp}: stages send plain activations "
+                "between ranks, and this build does not yet carry the sequence- or "
+                "vocabulary-sharded tensors these modes leave at a stage boundary. Use tensor "
+                f"parallelism without {key}, or pipeline_parallel_degree=1.")
     if params.activation_offloading:
         raise ValueError(
             f"activation_offloading=True with pipeline_parallel_degree={pp}: the offloader "
