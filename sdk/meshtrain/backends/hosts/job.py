@@ -20,6 +20,7 @@ from meshtrain.backends.hosts.s3_staging import read_destinations
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.display import JobDisplay, host_index, make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.pipes import drop_output_to_closed_pipes
 from meshtrain.progress import total_steps_from
 
 POLL_SECONDS = 0.2
@@ -110,6 +111,12 @@ class HostTrainingJob(TrainingJob):
             display.log(line, host=host_index(line))
 
     def wait(self, logs: bool = True) -> None:
+        # A `| head` or `| tee` that has gone must neither end the wait nor the Ctrl-C handler
+        # before its stop: its writes are dropped (fit() wraps this too; scripts call wait()).
+        with drop_output_to_closed_pipes():
+            self._wait(logs)
+
+    def _wait(self, logs: bool) -> None:
         display = make_display(self.job_name, total_steps=total_steps_from(
             self.job_dir.read_spec().hyperparameters)) if logs else None
         try:
