@@ -128,7 +128,7 @@ class RuntimeState:
             return None
         data_parallel = (MeshAxis.REPLICATE.value, MeshAxis.SHARD_MOD_EP.value)
         return {
-            "ep": expert[MeshAxis.EP.value].mesh.flatten().tolist(),
+            MeshAxis.EP.value: expert[MeshAxis.EP.value].mesh.flatten().tolist(),
             "expert_data_parallel": sorted(expert[data_parallel].mesh.flatten().tolist()),
             "token_split": self.meshes.dense[MeshAxis.TP.value].mesh.flatten().tolist(),
         }

@@ -287,7 +287,8 @@ def _check_applicable(model: nn.Module, ep_degree: int, with_tp: bool) -> None:
 
 def _tp_applied(param: DTensor) -> bool:
     """A DTensor that tensor parallelism made: on a 1-D mesh, not FSDP's."""
-    return param.device_mesh.ndim == 1 and (param.device_mesh.mesh_dim_names or ("",))[0] == "tp"
+    names = param.device_mesh.mesh_dim_names or ("",)
+    return param.device_mesh.ndim == 1 and names[0] == MeshAxis.TP.value
 
 
 def _check_whole_experts(name: str, experts: nn.Module) -> None:

@@ -113,9 +113,8 @@ def test_smp_coordinator_is_a_global_rank_mapped_into_the_group(monkeypatch):
     assert smp_coordinator(object(), 1) == 1  # not a member: an index in the group, as in torch
 
 
-def test_moe_config_sinkhorn_default_is_refused_with_the_supported_values():
-    with pytest.raises(ConfigError, match=r"'sinkhorn'.*'aux_loss', 'none'"):
-        MoEConfig()
+def test_moe_config_default_is_smps_sinkhorn_and_accepted():
+    assert MoEConfig().moe_load_balancing == "sinkhorn"  # SMP's default, honoured since #32
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [
