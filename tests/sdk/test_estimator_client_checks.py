@@ -45,16 +45,16 @@ def test_unknown_keyword_lists_every_target_kinds_options_from_the_table(source,
     from meshtrain import targets
 
     # a kind added to the table shows in the message with no message edited
-    extra = replace(targets.TARGET_KINDS[0], name="slurm", title="Slurm",
-                    matches=lambda t: t == "slurm", options=lambda: frozenset({"partition"}))
+    extra = replace(targets.TARGET_KINDS[0], name="example", title="Example Cloud",
+                    matches=lambda t: t == "example", options=lambda: frozenset({"zone"}))
     monkeypatch.setattr(targets, "TARGET_KINDS", (*targets.TARGET_KINDS, extra))
     with pytest.raises(ConfigError) as error:
         Estimator("train.py", source_dir=str(source), zzz=1)
     listed = str(error.value).split("backend options: ", 1)[1]
-    for title in ("local", "local Docker", "SageMaker", "Kubernetes"):
+    for title in ("local", "local Docker", "SageMaker", "Kubernetes", "Slurm"):
         assert f"({title})" in listed
     assert "jobs_dir, shm_size, volumes (local Docker)" in listed
-    assert "partition (Slurm)" in listed
+    assert "zone (Example Cloud)" in listed
 
 
 def test_backend_options_still_work(source, tmp_path, capsys):
