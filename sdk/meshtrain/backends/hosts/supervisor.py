@@ -38,6 +38,7 @@ from meshtrain.contract.failures import (
     pick_root_cause,
     read_host_record,
 )
+from meshtrain.contract.jobspec import JobSpec
 
 STOP_GRACE_SECONDS = 10.0  # the last sweep, after the hosts' own grace period
 # After the first host fails, the others get this long to fail on their own and record why
@@ -246,18 +247,24 @@ class HostSupervisor:
             self.job_dir.add_transition("Training", f"Attempt {attempt} of "
                                                     f"{self.max_restarts + 1} in progress")
             status, reason = self.run_attempt(attempt, deadline)
-        self.job_dir.add_transition("Uploading", "Uploading generated training model")
-        packing_error = package_artifacts(self.spec, self.job_dir) or upload_results(
-            self.job_dir.root, self.spec.job_name, output_location(self.spec, self.job_dir),
-            checkpoint_folder(self.spec, self.job_dir))
-        if packing_error:
-            status = "Failed" if status == "Completed" else status
-            reason = f"{reason}\n{packing_error}" if reason else packing_error
-        changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
-        if reason:
-            changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
-        self.job_dir.write_status(**changes)
-        self.job_dir.add_transition(status, _FINAL_MESSAGES[status])
+        finish_job(self.job_dir, self.spec, status, reason)
+
+
+def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | None) -> None:
+    """A host job's end, whatever launched its hosts: pack and upload what it wrote (a failure
+    there fails a completed job), then record the final status and its transition."""
+    job_dir.add_transition("Uploading", "Uploading generated training model")
+    packing_error = package_artifacts(spec, job_dir) or upload_results(
+        job_dir.root, spec.job_name, output_location(spec, job_dir),
+        checkpoint_folder(spec, job_dir))
+    if packing_error:
+        status = "Failed" if status == "Completed" else status
+        reason = f"{reason}\n{packing_error}" if reason else packing_error
+    changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
+    if reason:
+        changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
+    job_dir.write_status(**changes)
+    job_dir.add_transition(status, _FINAL_MESSAGES[status])
 
 
 STOPPED_BY_CLIENT = ("StopRequested: the job was stopped by its client (stop(), Ctrl-C in fit() "

@@ -21,18 +21,17 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from meshtrain.backends.hosts.artifacts import output_location, package_artifacts
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.hosts.restarts import (
     STOP_MARGIN_SECONDS,
     archive_host_records,
     restart_after_failure,
 )
-from meshtrain.backends.hosts.s3_staging import upload_results
 from meshtrain.backends.hosts.supervisor import (
     ALGORITHM_ERROR,
     FAILURE_REASON_LIMIT,
     STOPPED_BY_CLIENT,
+    finish_job,
 )
 from meshtrain.backends.slurm.commands import (
     expand_nodelist,
@@ -51,8 +50,6 @@ from meshtrain.contract.failures import (
 
 REQUEUE = "Requeue"
 NODE_PROBE_SECONDS = 30
-FINAL_MESSAGES = {"Completed": "Training job completed", "Failed": "Training job failed",
-                  "Stopped": "Training job stopped"}
 
 
 def nodes_respond(count: int) -> bool:
@@ -208,18 +205,7 @@ class BatchStep:
         return REQUEUE, None
 
     def finish(self, status: str, reason: str | None) -> None:
-        self.job_dir.add_transition("Uploading", "Uploading generated training model")
-        packing_error = package_artifacts(self.spec, self.job_dir) or upload_results(
-            self.job_dir.root, self.spec.job_name, output_location(self.spec, self.job_dir),
-            checkpoint_folder(self.spec, self.job_dir))
-        if packing_error:
-            status = "Failed" if status == "Completed" else status
-            reason = f"{reason}\n{packing_error}" if reason else packing_error
-        changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
-        if reason:
-            changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
-        self.job_dir.write_status(**changes)
-        self.job_dir.add_transition(status, FINAL_MESSAGES[status])
+        finish_job(self.job_dir, self.spec, status, reason)
 
 
 def main() -> None:
