@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
-from meshtrain.backends.slurm.cli import register as register_slurm
+from meshtrain.cli_args import json_object_arg
 from meshtrain.cli_export import register_export
 from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
+from meshtrain.cli_slurm import register as register_slurm
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.hyperparameters import decode_hyperparameters
 from meshtrain.pipes import drop_output_to_closed_pipes, send_closed_pipes_to_devnull
@@ -19,23 +19,11 @@ from meshtrain.plan.cli import register as register_plan
 BROKEN_PIPE_EXIT = 128 + 13  # SIGPIPE's number, what a shell shows for `yes | head`
 
 
-def _json_arg(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
-    except RecursionError:
-        raise argparse.ArgumentTypeError("JSON nested too deeply") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
-
-
 def _hyperparameter_arg(text: str) -> dict:
     """KEY=VALUE, the value read as the host reads a hyperparameter (JSON, else the text), or a
     JSON object of several."""
     if text.lstrip().startswith("{"):
-        return _json_arg(text)
+        return json_object_arg(text)
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(
@@ -68,7 +56,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--source-dir")
     run.add_argument("--instance-type", default="local")
     run.add_argument("--instance-count", type=int, default=1)
-    run.add_argument("--distribution", type=_json_arg, help="the distribution dict as JSON")
+    run.add_argument("--distribution", type=json_object_arg, help="the distribution dict as JSON")
     run.add_argument("--hyperparameters", type=_hyperparameter_arg, nargs="+", action="extend",
                      default=[], metavar="KEY=VALUE",
                      help="the script's hyperparameters: KEY=VALUE ... (each VALUE read as JSON "
@@ -115,8 +103,9 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     render.add_argument("--instance-type", required=True, help="e.g. ml.p4d.24xlarge")
     render.add_argument("--instance-count", type=int, default=1)
     render.add_argument("--image", required=True, help="image with python3, torch and meshtrain")
-    render.add_argument("--distribution", type=_json_arg, help="the distribution dict as JSON")
-    render.add_argument("--hyperparameters", type=_json_arg, default={})
+    render.add_argument("--distribution", type=json_object_arg,
+                        help="the distribution dict as JSON")
+    render.add_argument("--hyperparameters", type=json_object_arg, default={})
     render.add_argument("--input", action="append", default=[], metavar="CHANNEL=pvc://CLAIM",
                         type=_channel_arg)
     render.add_argument("--output-path", help="pvc://CLAIM[/PATH] for /opt/ml/model")

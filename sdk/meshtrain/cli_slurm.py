@@ -5,18 +5,9 @@ who submit by hand. The job directory is made as fit() makes it; `sbatch job.sba
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
+from meshtrain.cli_args import json_object_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     render.add_argument("entry_point")
     render.add_argument("--source-dir")
     render.add_argument("--instance-count", type=int, default=1)
-    render.add_argument("--distribution", type=_json_object, help="the distribution as JSON")
-    render.add_argument("--hyperparameters", type=_json_object, default={})
+    render.add_argument("--distribution", type=json_object_arg, help="the distribution as JSON")
+    render.add_argument("--hyperparameters", type=json_object_arg, default={})
     render.add_argument("--job-name")
     render.add_argument("--jobs-dir", help="on the cluster's shared filesystem "
                                            "(default ~/.meshtrain/jobs)")
