@@ -24,6 +24,7 @@ _NB = "tests/examples/test_notebooks.py::"
 RUNNERS = {
     "activation_checkpointing": _EX + "test_activation_checkpointing_and_offloading",
     "kubernetes": _EX + "test_kubernetes_manifest_is_valid_for_kubectl",
+    "llama_pipeline": _EX + "test_llama_pipeline_parallel",
     "llama_tp_hsdp": _EX + "test_llama_tensor_parallel_hybrid_sharding",
     "local_docker": "tests/docker/test_docker_example.py::"
                     "test_local_docker_example_matches_local_processes",
@@ -36,6 +37,7 @@ RUNNERS = {
     "slurm": "tests/slurm/test_slurm_jobs.py::"
              "test_quickstart_on_slurm_matches_local_and_leaves_the_model",
     "stop_and_resume": _EX + "test_stop_resume_and_restart",
+    "notebooks/llama_pipeline": _NB + "test_llama_pipeline_notebook",
     "notebooks/planning": _NB + "test_planning_notebook",
     "notebooks/quickstart": _NB + "test_quickstart_notebook",
     "notebooks/resume_other_layout": _NB + "test_resume_notebook",

@@ -107,6 +107,70 @@ def test_llama_tensor_parallel_hybrid_sharding(tmp_path):
     assert loaded.config.hidden_size == 64 and loaded.config.num_hidden_layers == 2
 
 
+def _load_example(name: str):
+    """examples/<name>/train.py as a module (its functions; importing it runs nothing)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_train", EXAMPLES / name / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_process_pipeline_losses(steps: int) -> list[float]:
+    """The llama_pipeline example's model, data and optimizer in this process, unsplit."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    train = _load_example("llama_pipeline")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(train.tiny_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        batch = train.global_batch(step, 8, 32)
+        loss = train.loss_fn(model(batch[:, :-1]).logits, batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+# 1F1B on 2 stages x 4 microbatches: the first stage runs one forward ahead, the last alternates
+ONE_F_ONE_B = {0: "F0 F1 B0 F2 B1 F3 B2 B3", 1: "F0 B0 F1 B1 F2 B2 F3 B3"}
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_llama_pipeline_parallel(tmp_path):
+    """pp2 x dp2 (1F1B, 4 microbatches) on 2 hosts x 2 processes: one process's losses, a
+    complete checkpoint of every rank's shards, and step 4's per-rank timeline."""
+    stdout = run_example("llama_pipeline/launch.py", tmp_path, "--timeline-step", "4")
+    assert "layout: pp=2 x dp=2 (full_shard within each stage)" in stdout
+    values = check_training(stdout, steps=8, drop=0.85)
+    reference = one_process_pipeline_losses(8)
+    assert max(abs(a - b) for a, b in zip(values, reference, strict=True)) <= 1e-5, (
+        values, reference)
+    (model,) = artifacts(stdout)
+    checkpoint = model.parents[1] / "checkpoints" / "step_00000008"  # the job's SM_CHECKPOINT_DIR
+    names = {p.name for p in checkpoint.iterdir()}
+    assert {".metadata", "config.json"} | {f"__{r}_0.distcp" for r in range(4)} <= names, names
+    marker = json.loads((checkpoint / "meshtrain-checkpoint.json").read_text())
+    assert marker["step"] == 8 and marker["has_optimizer"] and marker["flat_optimizer"]
+    for rank in range(4):
+        timeline = output_json(model, f"timeline-rank{rank}.json")
+        stage = rank // 2  # pp is the outermost mesh axis
+        assert (timeline["pp_rank"], timeline["dp_rank"], timeline["step"]) == (
+            stage, rank % 2, 4)
+        actions = timeline["actions"]
+        assert " ".join(f"{a['kind']}{a['microbatch']}" for a in actions) == ONE_F_ONE_B[stage]
+        assert {a["stage"] for a in actions} == {stage}
+        ends = [0.0] + [a["end"] for a in actions[:-1]]  # each action starts after the last
+        assert all(prev <= a["start"] <= a["end"]
+                   for prev, a in zip(ends, actions, strict=True)), actions
+        assert actions[-1]["end"] <= timeline["seconds"]
+
+
 @pytest.mark.e2e
 @pytest.mark.multiprocess
 def test_mixtral_expert_parallel(tmp_path):

@@ -22,10 +22,11 @@ from meshtrain.backends.sagemaker.metrics import metric_definitions
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "examples" / "notebooks"
-NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout", "stop_and_resume"]
+NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout", "stop_and_resume",
+         "llama_pipeline"]
 # how many plots each notebook draws (one per figure)
 PLOTS = {"quickstart": 1, "planning": 3, "sagemaker": 1, "resume_other_layout": 1,
-         "stop_and_resume": 1}
+         "stop_and_resume": 1, "llama_pipeline": 2}
 
 
 @pytest.fixture
@@ -129,3 +130,14 @@ def test_stop_and_resume_notebook(home):
                       for job in (home / "jobs").iterdir())
     assert statuses == ["Completed", "Completed", "Stopped"]
     assert list(home.glob("meshtrain-ckpt-*")) == []  # the last cell removed the checkpoints
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_llama_pipeline_notebook(home):
+    notebook = execute("llama_pipeline")
+    check_ran(notebook, "llama_pipeline")  # the loss curve and the timeline
+    assert len(list((home / "jobs").iterdir())) == 1
+    printed = "".join(output.get("text", "") for cell in notebook.cells
+                      if cell.cell_type == "code" for output in cell.outputs)
+    assert "1F1B order on every rank; checkpoint step_00000008 complete" in printed
