@@ -22,6 +22,7 @@ mesh. EP ranks are data-parallel ranks: each sees different tokens.
 from __future__ import annotations
 
 import re
+import sys
 from functools import partial
 from typing import Any
 
@@ -401,6 +402,10 @@ def apply_expert_parallel(
         _check_divisible(name, experts.gate_up_proj.shape[0], ep_degree)
         _check_whole_experts(name, experts)
     _replace_experts(model, targets, dispatch_mesh, token_split_from_mesh(tp_mesh))
+    if torch.distributed.get_rank() == 0:  # evidence in the job log that experts were split
+        total = targets[0][1].gate_up_proj.shape[0]
+        print(f"meshtrain: experts split over ep={ep_degree}: {total // ep_degree} of {total} "
+              f"per rank in {len(targets)} MoE layers", file=sys.stderr, flush=True)
     if moe_config is not None:
         install_hf_routing(_hf_routers(model, targets), moe_config.moe_load_balancing)
     for layer in (m for m in model.modules() if isinstance(m, MoE)):

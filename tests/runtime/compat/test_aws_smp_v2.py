@@ -34,8 +34,12 @@ MODEL = {  # the notebooks' model_configs entry, at toy size
 }
 
 
-def hyperparameters(checkpoint_dir: Path, resume: Path | None) -> dict:
-    """The notebooks' hyperparameters; toy sizes, synthetic data, gloo, a short lr schedule."""
+def hyperparameters(checkpoint_dir: Path, resume: Path | None, moe: bool = False) -> dict:
+    """The notebooks' hyperparameters; toy sizes, synthetic data, gloo, a short lr schedule.
+
+    `moe`: their MoE path (model_type mixtral, moe=1, their MoE defaults: top-2, sinkhorn,
+    all-to-all dispatcher) with 4 experts per layer instead of 8 (toy size).
+    """
     hps = {
         "activation_checkpointing": 1, "auto_wrap_policy": "transformer_auto_wrap_policy",
         "backward_fetch_policy": "backward_pre", "beta1": 0.9, "beta2": 0.95, "bf16": 1,
@@ -49,22 +53,29 @@ def hyperparameters(checkpoint_dir: Path, resume: Path | None) -> dict:
         "validation_freq": 2, "warmup": 0.0, "weight_decay": 0.2, "zipped_data": 0,
         "use_synthetic_data": 1, "distributed_backend": "gloo", **MODEL,
     }
+    if moe:
+        hps.update(model_type="mixtral", moe=1, num_local_experts=4, num_key_value_heads=4,
+                   intermediate_size=64)
     if resume is not None:
         hps["resume_from_checkpoint"] = str(resume)
     return hps
 
 
-def run_job(home: Path, tp: int, checkpoint_dir: Path, resume: Path | None = None) -> str:
-    """One job on 2 hosts x 2 processes; returns its merged log."""
+def run_job(home: Path, tp: int, checkpoint_dir: Path, resume: Path | None = None,
+            ep: int = 1) -> str:
+    """One job on 2 hosts x 2 processes (the MoE path when `ep` > 1); returns its merged log."""
+    # EP: FSDP1 shards over the ranks holding the same experts (SMP writes one checkpoint folder
+    # per ep rank over that group), so the ep ranks are carved out of 4-way sharding.
+    extra = {"expert_parallel_degree": ep, "hybrid_shard_degree": 4} if ep > 1 else {}
     estimator = Estimator(
         entry_point="train.py", source_dir=str(SCRIPTS), instance_type="local",
-        instance_count=2, hyperparameters=hyperparameters(checkpoint_dir, resume),
+        instance_count=2, hyperparameters=hyperparameters(checkpoint_dir, resume, moe=ep > 1),
         distribution={
             "torch_distributed": {"enabled": True, "processes_per_host": 2},
             "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
                 "activation_loading_horizon": 2, "context_parallel_degree": 1,
                 "hybrid_shard_degree": 2, "sm_activation_offloading": False,
-                "tensor_parallel_degree": tp,
+                "tensor_parallel_degree": tp, **extra,
             }}},
         },
     )
@@ -85,23 +96,30 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-@pytest.mark.parametrize(("tp", "folders"), [
-    (2, ["tp2-0", "tp2-1"]),  # tp=2 x hybrid 2: SMP writes one checkpoint folder per tp rank
-    (1, []),                  # hybrid 2 alone: 2 replicas x 2 shards, one folder
+@pytest.mark.parametrize(("tp", "ep", "folders"), [
+    (2, 1, ["tp2-0", "tp2-1"]),  # tp=2 x hybrid 2: SMP writes one checkpoint folder per tp rank
+    (1, 1, []),                  # hybrid 2 alone: 2 replicas x 2 shards, one folder
+    # their MoE path (mixtral, moe=1, use_smp_implementation=1), experts split over ep=2: one
+    # folder per ep rank, each written by the 2 ranks that hold the same experts
+    (1, 2, ["ep2-0", "ep2-1"]),
 ])
-def test_aws_scripts_train_save_and_resume(home, tmp_path, tp, folders):
+def test_aws_scripts_train_save_and_resume(home, tmp_path, tp, ep, folders):
     checkpoints = tmp_path / "checkpoints"
-    first = steps(run_job(home, tp, checkpoints))
+    model_type = "mixtral" if ep > 1 else "llama_v2"
+    log = run_job(home, tp, checkpoints, ep=ep)
+    first = steps(log)
     assert sorted(first) == [0, 1, 2, 3], first
+    if ep > 1:  # the runtime's evidence that tsm.transform split the experts
+        assert "meshtrain: experts split over ep=2: 2 of 4 per rank in 2 MoE layers" in log
     for step in (2, 4):
-        saved = checkpoints / f"llama_v2-{step}steps"
+        saved = checkpoints / f"{model_type}-{step}steps"
         for folder in [saved / f for f in folders] or [saved]:
             assert (folder / ".metadata").is_file(), sorted(p.name for p in saved.iterdir())
             assert len(list(folder.glob("*.distcp"))) == 2  # the 2 ranks of the FSDP group
         assert sorted(p.name for p in saved.iterdir()) == (folders or sorted(
             p.name for p in saved.iterdir() if p.name == ".metadata" or p.suffix == ".distcp"))
 
-    log = run_job(home, tp, checkpoints, resume=checkpoints / "llama_v2-2steps")
+    log = run_job(home, tp, checkpoints, resume=checkpoints / f"{model_type}-2steps", ep=ep)
     resumed = steps(log)
     assert "Loaded model state from disk" in log
     assert "Loaded and sharded optimizer state from disk" in log

@@ -30,6 +30,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, S
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.compat.smp import _fsdp1_ep as fsdp1_ep
 from meshtrain_runtime.compat.smp import _fsdp1_tp_optim as tp_optim
 from meshtrain_runtime.compat.smp import _torch_patches
 from meshtrain_runtime.mesh import root_over_groups
@@ -79,7 +80,11 @@ def build_compat_meshes(st: runtime_state.RuntimeState) -> CompatMeshes:
     rep, shard, tp = st.replicate_degree, st.hybrid_shard_degree, st.tp_size
     replicate, shard_axis, tp_axis = MeshAxis.REPLICATE, MeshAxis.SHARD, MeshAxis.TP
     runtime_dp = st.mesh[replicate] if shard == 1 else data_parallel_mesh(st.mesh, rep)
-    if tp > 1:
+    if fsdp1_ep.uses_ep(st):  # FSDP1 over the expert data-parallel group (see _fsdp1_ep)
+        if tp > 1:
+            return CompatMeshes(fsdp1=None, fsdp2=runtime_dp, tp=st.mesh[tp_axis])
+        shard_axis, shard = MeshAxis.SHARD_MOD_EP, shard // st.expert_parallel_degree
+    elif tp > 1:
         if rep > 1:  # FSDP2 only: the runtime's 3-D mesh carries HSDP + TP
             return CompatMeshes(fsdp1=None, fsdp2=runtime_dp, tp=st.mesh[tp_axis])
         root = root_over_groups(st.meshes.submesh(shard_axis, tp_axis))
@@ -90,7 +95,23 @@ def build_compat_meshes(st: runtime_state.RuntimeState) -> CompatMeshes:
                         tp=None)
 
 
+def fsdp1_degrees(st: runtime_state.RuntimeState) -> tuple[int, int]:
+    """(shard, replicate) degrees of FSDP1's group: with EP the ep axis is left out of it."""
+    shard = st.hybrid_shard_degree
+    if fsdp1_ep.uses_ep(st):
+        shard //= st.expert_parallel_degree
+    return shard, st.replicate_degree
+
+
 def fsdp1_refusal(st: runtime_state.RuntimeState) -> str:
+    if fsdp1_ep.uses_ep(st):
+        return (
+            f"FSDP1 (FullyShardedDataParallel) with expert_parallel_degree="
+            f"{st.expert_parallel_degree} and tensor_parallel_degree={st.tp_size} is not "
+            "supported (SMP v2 refuses EP with TP too). Use tensor_parallel_degree=1 with "
+            "FSDP1, or FSDP2 (fully_shard without a mesh, or meshtrain's transform()) for "
+            "TP x EP."
+        )
     return (
         f"FSDP1 (FullyShardedDataParallel) with tensor_parallel_degree={st.tp_size} and "
         f"{st.replicate_degree} replicas (hybrid_shard_degree={st.hybrid_shard_degree} < "
@@ -110,14 +131,30 @@ def compat_meshes() -> CompatMeshes:
     return _meshes
 
 
+_wrapping = [0]  # depth of nested FSDP1 constructors (auto-wrap builds the units inside the root)
+
+
 def _fsdp1_init(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def __init__(self: FullyShardedDataParallel, module: torch.nn.Module, *args: Any,
                  **kwargs: Any) -> None:
         post_param_init_fn = kwargs.pop("post_param_init_fn", None)
+        ep_root = False
         if _meshes is not None and runtime_state.is_initialized() and not args:
-            kwargs = smp_fsdp1_kwargs(runtime_state.current(), kwargs)
-        original(self, module, *args, **kwargs)
+            st = runtime_state.current()
+            kwargs = smp_fsdp1_kwargs(st, kwargs)
+            ep_root = fsdp1_ep.uses_ep(st) and _wrapping[0] == 0
+            if ep_root:
+                fsdp1_ep.localise_experts(module)
+                kwargs["auto_wrap_policy"] = fsdp1_ep.with_expert_units(
+                    kwargs.get("auto_wrap_policy"))
+        _wrapping[0] += 1
+        try:
+            original(self, module, *args, **kwargs)
+        finally:
+            _wrapping[0] -= 1
+        if ep_root:
+            fsdp1_ep.install_gradient_finish(self, runtime_state.current())
         if post_param_init_fn is not None:
             post_param_init_fn(self.module)
 
@@ -135,7 +172,7 @@ def smp_fsdp1_kwargs(st: runtime_state.RuntimeState, kwargs: dict[str, Any]) -> 
         kwargs.pop("process_group", None)
         kwargs["device_mesh"] = mesh
         kwargs["sharding_strategy"] = resolve_strategy(
-            kwargs.get("sharding_strategy"), st.hybrid_shard_degree, st.replicate_degree
+            kwargs.get("sharding_strategy"), *fsdp1_degrees(st)
         )
     if kwargs.get("device_id") is None and st.device.type == "cpu":
         kwargs["device_id"] = st.device

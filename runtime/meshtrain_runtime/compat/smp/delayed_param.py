@@ -3,7 +3,8 @@
 FSDP1 calls ``param_init_fn(module)`` for every module that still has meta tensors, innermost
 first, before sharding. The function allocates the module's own tensors on the runtime's device
 and initialises them with the model's own rule (Hugging Face ``_init_weights`` of the root
-model, else ``reset_parameters``), or with `init_method_using_config(module)`.
+model, else ``reset_parameters``), or with `init_method_using_config(module)`. Expert-parallel
+experts (which Hugging Face's rule does not know) use their own ``reset_parameters``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.parallel.expert import ExpertParallelExperts
 
 
 class DelayedParamIniter:
@@ -39,7 +41,9 @@ class DelayedParamIniter:
 
     def _init_own(self, module: nn.Module) -> None:
         with torch.no_grad():
-            if self.init_method_using_config is not None:
+            if isinstance(module, ExpertParallelExperts):
+                module.reset_parameters()  # EP's own experts: Hugging Face's rule skips them
+            elif self.init_method_using_config is not None:
                 self.init_method_using_config(module)
             elif callable(getattr(self.model, "_init_weights", None)):
                 self.model._init_weights(module)

@@ -22,12 +22,17 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import grad
 from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.compat.smp import _fsdp1_ep as fsdp1_ep
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """Clip gradients to `max_norm` (total norm over every shard); return the total norm."""
     if isinstance(model, FullyShardedDataParallel):
-        tp = runtime_state.current().tensor_parallel_degree if runtime_state.is_initialized() else 1
+        st = runtime_state.current() if runtime_state.is_initialized() else None
+        if st is not None and st.expert_parallel_degree > 1:  # FSDP1 over the experts' dp group
+            return fsdp1_ep.clip_grad_norm_(model, st.ep_process_group, float(max_norm),
+                                            float(norm_type))
+        tp = st.tensor_parallel_degree if st is not None else 1
         if tp == 1:
             return model.clip_grad_norm_(max_norm, norm_type)
         return _clip_fsdp1_tp(model, float(max_norm), float(norm_type))
