@@ -7,8 +7,9 @@ data-parallel rank's rows and returns the mean loss on every rank of the pipelin
 every rank saves its shards with ``save_checkpoint`` into ``$SM_CHECKPOINT_DIR``.
 
 With ``--timeline-step N`` (N >= 1) every rank also records when each of its forward (F) and
-backward (B) actions of step N started and ended, and writes them to
-``$SM_OUTPUT_DATA_DIR/timeline-rank<r>.json`` (packed into output.tar.gz).
+backward (B) actions of step N started and ended (seconds on the wall clock, from the
+earliest rank's start: one clock for every rank of a local job, NTP-close across real hosts),
+and writes them to ``$SM_OUTPUT_DATA_DIR/timeline-rank<r>.json`` (packed into output.tar.gz).
 """
 
 from __future__ import annotations
@@ -65,17 +66,20 @@ class Timeline:
 
     def _timed(self, kind: str, stage_index: int, call: Callable[..., Any]) -> Callable[..., Any]:
         def timed(chunk: int, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter() - self.origin
+            start = time.time() - self.origin
             result = call(chunk, *args, **kwargs)
             self.actions.append({"kind": kind, "stage": stage_index, "microbatch": chunk,
-                                 "start": start, "end": time.perf_counter() - self.origin})
+                                 "start": start, "end": time.time() - self.origin})
             return result
         return timed
 
     def start(self) -> None:
-        """Start the clock on every rank at once (after a barrier)."""
+        """Set the origin to the earliest rank's time after a barrier: one origin for all (a
+        per-rank origin would shift each row by its own barrier exit)."""
         dist.barrier()
-        self.origin = time.perf_counter()
+        now = torch.tensor([time.time()], dtype=torch.float64)
+        dist.all_reduce(now, op=dist.ReduceOp.MIN)
+        self.origin = float(now)
 
 
 def write_timeline(timeline: Timeline, step: int, seconds: float) -> None:
@@ -120,7 +124,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         if step == args.timeline_step:
-            write_timeline(timeline, step, time.perf_counter() - timeline.origin)
+            write_timeline(timeline, step, time.time() - timeline.origin)
         losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
         metrics.log(step=step, loss=losses[-1])
 

@@ -91,8 +91,10 @@ plt.show()
 Each bar is one action of one microbatch (its number inside the bar); white space is a rank
 waiting (the pipeline's bubble, or a transfer). Under 1F1B the first stage runs one forward
 ahead (F0 F1 B0 F2 B1 ...), then alternates; the last stage alternates from the start, each
-backward right after its forward. Times are from a barrier just before the step; on this CPU
-they are milliseconds and include FSDP's all-gathers.
+backward right after its forward. Every rank reads the same (wall) clock from one origin, so a
+stage's forward starts only after the previous stage's forward of that microbatch ended, and a
+backward after the next stage's backward. On this CPU the actions take milliseconds and include
+FSDP's all-gathers.
 """),
     ("code", '''
 timelines = [job_output(estimator, f"timeline-rank{rank}.json") for rank in range(4)]

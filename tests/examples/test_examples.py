@@ -157,6 +157,7 @@ def test_llama_pipeline_parallel(tmp_path):
     assert {".metadata", "config.json"} | {f"__{r}_0.distcp" for r in range(4)} <= names, names
     marker = json.loads((checkpoint / "meshtrain-checkpoint.json").read_text())
     assert marker["step"] == 8 and marker["has_optimizer"] and marker["flat_optimizer"]
+    timelines = {}
     for rank in range(4):
         timeline = output_json(model, f"timeline-rank{rank}.json")
         stage = rank // 2  # pp is the outermost mesh axis
@@ -169,6 +170,12 @@ def test_llama_pipeline_parallel(tmp_path):
         assert all(prev <= a["start"] <= a["end"]
                    for prev, a in zip(ends, actions, strict=True)), actions
         assert actions[-1]["end"] <= timeline["seconds"]
+        timelines[rank] = {f"{a['kind']}{a['microbatch']}": a for a in actions}
+    for dp in range(2):  # one clock: a stage's action starts after the action it waits for
+        first, last = timelines[dp], timelines[2 + dp]
+        for mb in range(4):
+            assert last[f"F{mb}"]["start"] >= first[f"F{mb}"]["end"], (dp, mb, first, last)
+            assert first[f"B{mb}"]["start"] >= last[f"B{mb}"]["end"], (dp, mb, first, last)
 
 
 @pytest.mark.e2e
