@@ -158,6 +158,7 @@ def build_report(
     tp_comm: Mapping[str, Any] | None = None,
     ep_comm: Mapping[str, Any] | None = None,
     ep_tp_comm: Mapping[str, Any] | None = None,
+    pipeline: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The latest.json document; `goals_met` compares against the issue's acceptance bounds."""
     entries = [layout_entry(raw) for raw in layouts]
@@ -169,6 +170,7 @@ def build_report(
         "tp_collectives": tp_comm_entry(tp_comm) if tp_comm else None,
         "ep_all_to_all": ep_comm_entry(ep_comm) if ep_comm else None,
         "ep_tp_all_to_all": ep_comm_entry(ep_tp_comm) if ep_tp_comm else None,
+        "pipeline": dict(pipeline) if pipeline else None,  # bench_pipeline.summarize's
     }
     measured = [e for e in entries if not e["null"]]
     for entry in measured:
@@ -179,6 +181,9 @@ def build_report(
         "overhead_ratio_le_1.03": all(e["goal_met"] for e in measured),
         "launch_le_1.2": None if not launch else within_goal(launch, LAUNCH_GOAL),
     }
+    if pipeline:  # measured on the box at hand: a loaded one cannot hold it (RESULTS.md)
+        report["goals_met"]["pipeline_bubble_within_5_points"] = all(
+            e["within_5_points"] is not False for e in pipeline["schedules"].values())
     return report
 
 
@@ -262,7 +267,30 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if ep_tp:
         lines.append("TP x EP all-to-all bytes (each tp rank's share) vs routed theory = "
                      f"{_fmt(ep_tp['over_theory'], 4)}")
+    lines += pipeline_lines(report.get("pipeline"))
     return "\n".join(lines) + "\n"
+
+
+def pipeline_lines(pipeline: Mapping[str, Any] | None) -> list[str]:
+    """bench_pipeline.py's ratio (beside its null layout) and bubble-vs-theory table."""
+    if not pipeline:
+        return []
+    ratio = pipeline["ratio"]
+    lines = ["", f"Pipeline pp2 {ratio['schedule']} m={ratio['microbatches']}, transform() + "
+             "forward_backward / hand-written torch.distributed.pipelining: wall "
+             f"{_cell(ratio['wall']['median'], ratio['wall'])}, CPU "
+             f"{_cell(ratio['cpu']['median'], ratio['cpu'])}; floor (hand-written vs itself) "
+             f"wall {_fmt(ratio['null_wall']['median'])}, CPU {_fmt(ratio['null_cpu']['median'])}",
+             "", "| schedule | m | v | idle per rank (measured) | theory | within 5 points "
+             "| step ms |", "|---|---|---|---|---|---|---|"]
+    for name, e in pipeline["schedules"].items():
+        idle = " / ".join(_fmt(v) for v in e["idle_per_rank"])
+        within = "-" if e["within_5_points"] is None else \
+            ("yes" if e["within_5_points"] else "**no**")
+        lines.append(f"| {name} | {e['microbatches']} | {e['stages_per_rank']} | {idle} | "
+                     f"{_fmt(e['theory'])} | {within} | {e['wall_ms']:.1f} |")
+    lines.append(f"ZBVZeroBubble idle below 1F1B's: {pipeline.get('zbv_below_1f1b')}")
+    return lines
 
 
 def _launch_lines(launch: Mapping[str, Any] | None) -> list[str]:
@@ -285,6 +313,7 @@ __all__ = [
     "ep_comm_entry",
     "launch_entry",
     "layout_entry",
+    "pipeline_lines",
     "render_markdown",
     "summarize_ratios",
     "tp_comm_entry",

@@ -8,10 +8,12 @@ method's floor; full shard, hybrid 2x2, tp 4, ep 2; with --with-compile also ful
 tp and ep with ``compile: true`` on both sides) and on 8 ranks (its own null layout, the
 hand-written tp 2 x shard 2 x replicate 2 against itself; that layout, and compiled with
 --with-compile); bench_tp_comm.py (TP collective bytes vs Megatron's formulas);
-bench_ep_alltoall.py (EP all-to-all bytes vs the routed theory); launch_overhead.py (fit() vs
-raw torchrun, both fresh processes). Every launch goes through torchrun and meshtrain's rank
-entry with OMP_NUM_THREADS=1. The load average is recorded at the start and the end.
-Aggregation lives in report.py.
+bench_ep_alltoall.py (EP all-to-all bytes vs the routed theory); bench_pipeline.py (pp2:
+transform() + forward_backward vs hand-written torch.distributed.pipelining, and the bubble of
+each schedule vs theory; its smoke path is tests/benchmarks/test_bench_pipeline.py's);
+launch_overhead.py (fit() vs raw torchrun, both fresh processes). Every launch goes through
+torchrun and meshtrain's rank entry with OMP_NUM_THREADS=1. The load average is recorded at
+the start and the end. Aggregation lives in report.py.
 """
 
 from __future__ import annotations
@@ -134,11 +136,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                              "--tokens", "128", "--hidden", "64",
                                              "--intermediate", "128", "--steps", "2"],
                     timeout=600)
+    # a pipelined step is ~0.5 s here (3 sides x 2 steps a round): a quarter of the rounds,
+    # never fewer than MIN_PAIRS
+    pipeline = json_of("bench_pipeline.py", ["--rounds", str(max(MIN_PAIRS, rounds // 4))],
+                       timeout=1800)
     from launch_overhead import measure_launch
 
     launch = report.launch_entry(measure_launch(args.launch_pairs, environment()))
     return report.build_report(layouts, machine=machine(args.machine, load_start),
-                               launch=launch, tp_comm=tp, ep_comm=ep, ep_tp_comm=ep_tp)
+                               launch=launch, tp_comm=tp, ep_comm=ep, ep_tp_comm=ep_tp,
+                               pipeline=pipeline)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
