@@ -113,7 +113,8 @@ ax.set_yticks(range(len(timelines)),
 ax.invert_yaxis()
 ax.set(xlabel="ms since the step began", title=f"Step {TIMELINE_STEP}: 1F1B on 2 stages")
 ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
-          labels=["forward", "backward"], loc="lower right")
+          labels=["forward", "backward"], loc="upper left", bbox_to_anchor=(1.0, 1.0))
+fig.tight_layout()
 plt.show()
 
 for timeline in timelines:
