@@ -2,7 +2,8 @@
 
 Covers: an SMP-style script (tsm.init, HF Llama, tsm.transform, FSDP1 + transformer auto-wrap,
 apply_activation_checkpointing) matching a one-process run with hybrid 2 and with tp 2;
-SMP's sharded (per tp rank) and local async checkpoints resuming, also on another layout; every
+SMP's sharded (per tp rank) and local async checkpoints resuming, also on another layout; FSDP1
+with experts split over ep=2 (a Mixtral) matching one process and resuming; every
 tsm.state field on every rank of 2x2 layouts; estimator parameters winning over tsm.init's dict.
 """
 
@@ -71,6 +72,20 @@ def test_smp_checkpoints_resume(records, case):
     assert len(expected) == 2
     for record in cases(records, case):
         assert record["losses"] == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_fsdp1_with_expert_parallelism_matches_one_process(records):
+    """AWS's MoE path: tsm.transform splits a Mixtral's 4 experts over ep=2, the script's FSDP1
+    shards over the ranks holding the same experts; losses and clipped norms match one process
+    (dense gradients averaged over all 4 ranks, experts' over their EP group's tokens), and
+    SMP's sharded checkpoint (one folder per ep rank) resumes to the same losses."""
+    expected = cases(records, "moe_reference")[0]
+    assert len(expected["losses"]) == 4 and min(expected["norms"]) > 1.0  # every step clipped
+    for record in cases(records, "fsdp1_ep2"):
+        assert record["losses"] == pytest.approx(expected["losses"], abs=TOLERANCE)
+        assert record["norms"] == pytest.approx(expected["norms"], abs=TOLERANCE)
+    for record in cases(records, "resume_sharded_ep2"):
+        assert record["losses"] == pytest.approx(expected["losses"][2:], abs=TOLERANCE)
 
 
 def test_state_fields_tp2_hybrid2(records):

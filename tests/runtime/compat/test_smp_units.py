@@ -205,3 +205,19 @@ def test_smp_fsdp_defaults_are_views_of_the_world_mesh_and_go_away(single_proces
         tsm.reset()
     assert FullyShardedDataParallel.__init__ is original_init
     assert inspect.unwrap(fully_shard).__kwdefaults__["mesh"] is None
+
+
+def test_fsdp1_with_tp_and_ep_is_refused_with_the_fix(monkeypatch):
+    """FSDP1 under SMP runs EP over the expert data-parallel group, but not TP x EP."""
+    from types import SimpleNamespace
+
+    from meshtrain_runtime.compat.smp import _fsdp
+
+    monkeypatch.setattr(_fsdp, "_meshes", _fsdp.CompatMeshes(fsdp1=None, fsdp2=None, tp=None))
+    st = SimpleNamespace(expert_parallel_degree=2, tp_size=2, replicate_degree=1,
+                         hybrid_shard_degree=2, world_size=4)
+    with pytest.raises(ConfigError, match=r"expert_parallel_degree=2 and "
+                       r"tensor_parallel_degree=2 is not supported.*FSDP2"):
+        _fsdp.smp_fsdp1_kwargs(st, {})
+    assert _fsdp.fsdp1_degrees(SimpleNamespace(
+        expert_parallel_degree=2, hybrid_shard_degree=4, replicate_degree=1)) == (2, 1)

@@ -43,9 +43,15 @@ from torch.sagemaker.distributed.checkpoint.state_dict_utils import (  # noqa: E
     sm_state_dict_type,
 )
 from torch.sagemaker.grad_norm import clip_grad_norm_  # noqa: E402
+from torch.sagemaker.moe.moe_config import MoEConfig  # noqa: E402
 from torch.sagemaker.tensor_parallel.transformer import TransformerLayer  # noqa: E402
 from torch.sagemaker.utils.process_group_utils import get_global_ranks  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+)
 
 BATCH, SEQ, VOCAB, STEPS = 4, 8, 64, 4  # resumed runs take 2 steps: Adam's state matters
 MAX_NORM = 0.5  # below the gradient norms here (about 1.7-2.0), so every step is clipped
@@ -53,8 +59,13 @@ NORMS: list[float] = []  # total gradient norms clip_grad_norm_ returned, step b
 SAVE_AFTER = 2
 
 
-def build_model() -> torch.nn.Module:
+def build_model(moe: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
+    if moe:  # Mixtral: 4 experts, top-2 (softmax routing: each token's choice is its own)
+        return MixtralForCausalLM(MixtralConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+            num_experts_per_tok=2, use_cache=False, tie_word_embeddings=False)).float()
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          use_cache=False, tie_word_embeddings=False)
@@ -65,9 +76,9 @@ def batch(step: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(step))
 
 
-def reference_losses() -> list[float]:
+def reference_losses(moe: bool = False) -> list[float]:
     NORMS.clear()
-    model = build_model()
+    model = build_model(moe)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for step in range(STEPS):
@@ -85,7 +96,11 @@ def wrapped_model(params: dict) -> tuple[torch.nn.Module, torch.optim.Optimizer]
     """The SMP script: init, transform, FSDP1 without a group, checkpointing, optimizer."""
     tsm.state.reset()
     tsm.init(params)
-    model = tsm.transform(build_model())
+    if params.get("expert_parallel_degree", 1) > 1:  # AWS's MoE path: experts split over ep
+        config = MoEConfig(smp_moe=True, moe_load_balancing="none")
+        model = tsm.transform(build_model(moe=True), config=config)
+    else:
+        model = tsm.transform(build_model())
     policy = functools.partial(transformer_auto_wrap_policy,
                                transformer_layer_cls={TransformerLayer})
     model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
@@ -111,8 +126,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: i
 
 
 def sharded_dir(root: str) -> str:
-    tp = tsm.state.tensor_parallel_degree
-    return os.path.join(root, f"tp{tp}-{tsm.state.tp_rank}") if tp > 1 else root
+    tp, ep = tsm.state.tensor_parallel_degree, tsm.state.expert_parallel_degree
+    root = os.path.join(root, f"tp{tp}-{tsm.state.tp_rank}") if tp > 1 else root
+    return os.path.join(root, f"ep{ep}-{tsm.state.ep_rank}") if ep > 1 else root
 
 
 def save_sharded(model, optimizer, root: str, step: int) -> None:
@@ -291,7 +307,7 @@ def main() -> None:
     hybrid = {"hybrid_shard_degree": 2}
     tp2 = {"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}
     roots = {name: {kind: os.path.join(root, name, kind) for kind in ("sharded", "local")}
-             for name in ("hybrid", "tp")}
+             for name in ("hybrid", "tp", "ep")}
     report({"case": "state_tp2_hybrid2", **state_fields(
         {**tp2, "random_seed": 7, "sm_activation_offloading": False})})
     report({"case": "state_hybrid2_x2", **state_fields(hybrid)})
@@ -300,6 +316,12 @@ def main() -> None:
     report({"case": "hybrid2", "losses": run_layout(hybrid, roots["hybrid"]), "norms": list(NORMS)})
     report({"case": "tp2", "losses": run_layout(tp2, roots["tp"]), "norms": list(NORMS)})
     report({"case": "fsdp2_hybrid2", **fsdp2_without_mesh(hybrid)})
+    # FSDP1 with experts split over ep=2 (AWS's MoE scripts' path), against one process
+    ep2 = {"hybrid_shard_degree": 4, "expert_parallel_degree": 2}
+    report({"case": "moe_reference", "losses": reference_losses(moe=True), "norms": list(NORMS)})
+    report({"case": "fsdp1_ep2", "losses": run_layout(ep2, roots["ep"]), "norms": list(NORMS)})
+    report({"case": "resume_sharded_ep2",
+            "losses": resume(ep2, roots["ep"]["sharded"], "sharded")})
     # sharded resume on another layout: saved on 2 replicas x 2 shards, resumed sharded over 4
     report({"case": "resume_sharded_hybrid_to_full4",
             "losses": resume({"hybrid_shard_degree": 4}, roots["hybrid"]["sharded"], "sharded")})
