@@ -94,11 +94,11 @@ def test_bad_arguments_exit_2(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
-def test_json_has_phases_by_schema_version_3(capsys):
+def test_json_has_phases_by_schema_version_4(capsys):
     _, out = run(["--model", "llama2-7b", "--gpus", "8", "--json", "--top", "1"], capsys)
     data = json.loads(out)
     jsonschema.validate(data, PLAN_JSON_SCHEMA)
-    assert data["schema_version"] == 3
+    assert data["schema_version"] == 4
     memory = data["recommendation"]["memory_bytes"]
     phases = memory["phases"]
     assert list(phases) == ["forward", "loss", "backward", "optimizer_step"]
@@ -201,8 +201,8 @@ def test_every_column_shown_is_explained_and_every_one_left_out_is_named(width, 
     monkeypatch.setenv("COLUMNS", width)
     _, out = run(["--model", "llama3-8b", "--gpus", "8", "--top", "3"], capsys)
     shown = _header(out)
-    every = ["#", "layout", "peak GiB", "fits", "phase", "tokens/s", "states", "activations",
-             "temp", "comm GB/step"]
+    every = ["#", "pp", "layout", "peak GiB", "fits", "phase", "tokens/s", "states",
+             "activations", "temp", "comm GB/step"]
     assert shown == every[:len(shown)] and len(shown) >= 6
     lines = out.splitlines()
     for name in shown:

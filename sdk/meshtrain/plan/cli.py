@@ -23,9 +23,10 @@ from rich.console import Console
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.cluster import Cluster, build_cluster
-from meshtrain.plan.layouts import Plan, plan_layouts, smallest_fitting_count
+from meshtrain.plan.layouts import PipelineOptions, Plan, plan_layouts, smallest_fitting_count
 from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
 from meshtrain.plan.models import PRESETS, ModelSpec, llama_shaped, resolve_model
+from meshtrain.plan.pipeline import PLANNED_SCHEDULES
 from meshtrain.plan.plot import plot_phases  # imports matplotlib only when plotting
 from meshtrain.plan.report import plan_to_dict, render_plan, short_layout
 
@@ -93,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="FSDP groups free their gathered parameters after forward (true) or "
                           "keep them until backward (false) in every candidate; auto (default): "
                           "each strategy's choice, and no_shard both ways")
+    run.add_argument("--microbatches", type=int,
+                     help="pipeline layouts: microbatches per step, dividing --micro-batch "
+                          "(default --micro-batch: one row each); 1F1B needs at least pp")
+    run.add_argument("--pipeline-schedule", choices=PLANNED_SCHEDULES, default="1F1B",
+                     help="pipeline layouts' schedule (default 1F1B); the interleaved and ZBV "
+                          "ones run 2 stages per rank")
     run.add_argument("--convention", choices=("zero", "smp"), default="zero",
                      help="bytes per parameter: zero=16 (default), smp=20 (with Adam)")
     run.add_argument("--compute-efficiency", type=float, default=0.4,
@@ -215,7 +222,16 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
                         optimizer_offload=args.optimizer_offload,
                         decoder_seq_len=getattr(args, "decoder_seq_len", None))
     cluster, build = cluster_from_args(args)
-    return plan_layouts(model, cluster, training, reshard_from_args(args)), build
+    return plan_layouts(model, cluster, training, reshard_from_args(args),
+                        pipeline_from_args(args)), build
+
+
+def pipeline_from_args(args: argparse.Namespace) -> PipelineOptions:
+    """--microbatches and --pipeline-schedule (see `meshtrain.plan.layouts.PipelineOptions`)."""
+    microbatches = getattr(args, "microbatches", None)
+    if microbatches is not None and microbatches < 1:
+        raise ConfigError(f"--microbatches {microbatches} must be at least 1.")
+    return PipelineOptions(microbatches, getattr(args, "pipeline_schedule", "1F1B"))
 
 
 def reshard_from_args(args: argparse.Namespace) -> bool | None:
@@ -235,7 +251,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if best is None:  # nothing fits: how many hosts of this kind would do
         bigger = smallest_fitting_count(plan.model, plan.training, build,
                                         above=plan.cluster.num_nodes,
-                                        reshard=reshard_from_args(args))
+                                        reshard=reshard_from_args(args),
+                                        pipeline=pipeline_from_args(args))
     if args.json:
         data = plan_to_dict(plan, top=top,
                             smallest_fitting_node_count=None if bigger is None else bigger[0])

@@ -82,11 +82,14 @@ class CommVolumes:
     tensor_parallel: float = 0.0
     expert_all_to_all: float = 0.0
     context_parallel: float = 0.0
+    pipeline_p2p: float = 0.0
+    """Pipeline parallelism: activations and gradients sent to the neighbouring stages."""
 
     @property
     def total(self) -> float:
         return (self.fsdp_all_gather + self.fsdp_reduce_scatter + self.data_parallel_all_reduce
-                + self.tensor_parallel + self.expert_all_to_all + self.context_parallel)
+                + self.tensor_parallel + self.expert_all_to_all + self.context_parallel
+                + self.pipeline_p2p)
 
 
 def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, float, float]:
@@ -230,16 +233,23 @@ def group_bandwidth(cluster: Cluster, size: int, stride: int) -> float:
 
 @dataclass(frozen=True)
 class StepTime:
-    """A rough step time: compute overlapped with FSDP/DP traffic, TP/EP/CP exposed."""
+    """A rough step time: compute overlapped with FSDP/DP traffic, TP/EP/CP (and pipeline
+    p2p) exposed; with pipelining the busy time is `1 - bubble_fraction` of the step."""
 
     compute_s: float
     overlapped_comm_s: float
     exposed_comm_s: float
     tokens_per_step: int
+    bubble_fraction: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """The step without the pipeline's idle time."""
+        return max(self.compute_s, self.overlapped_comm_s) + self.exposed_comm_s
 
     @property
     def step_s(self) -> float:
-        return max(self.compute_s, self.overlapped_comm_s) + self.exposed_comm_s
+        return self.busy_s / (1.0 - self.bubble_fraction)
 
     @property
     def tokens_per_s(self) -> float:
@@ -273,9 +283,10 @@ def training_flops_per_gpu(
 
 def step_time(
     volumes: CommVolumes, flops: float, degrees: ResolvedDegrees, cluster: Cluster,
-    training: Training,
+    training: Training, *, bubble_fraction: float = 0.0,
 ) -> StepTime:
-    """Times from `volumes` and `flops` on `cluster`'s nominal speeds."""
+    """Times from `volumes` and `flops` on `cluster`'s nominal speeds; a pipeline's p2p sends
+    go between ranks ``world / pp`` apart."""
     t, s, ep, cp = (degrees.tensor_parallel_degree, degrees.hybrid_shard_degree,
                     degrees.expert_parallel_degree, degrees.context_parallel_degree)
     shard_bw = group_bandwidth(cluster, s, t)
@@ -285,10 +296,13 @@ def step_time(
     exposed = (volumes.tensor_parallel / group_bandwidth(cluster, t, 1)
                + volumes.expert_all_to_all / group_bandwidth(cluster, ep, t)
                + volumes.context_parallel / group_bandwidth(cluster, cp, t))
+    pp = degrees.pipeline_parallel_degree
+    if volumes.pipeline_p2p:
+        exposed += volumes.pipeline_p2p / group_bandwidth(cluster, pp, degrees.world_size // pp)
     compute = flops / (cluster.peak_flops * training.compute_efficiency) \
         if cluster.peak_flops else 0.0
-    tokens = degrees.world_size // (t * cp) * training.micro_batch * training.seq_len
-    return StepTime(compute, overlapped, exposed, tokens)
+    tokens = degrees.dp_size * training.micro_batch * training.seq_len
+    return StepTime(compute, overlapped, exposed, tokens, bubble_fraction)
 
 
 __all__ = [

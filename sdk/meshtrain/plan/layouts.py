@@ -28,6 +28,7 @@ from meshtrain.contract._messages import divisors
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import SMPParameters
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES
 from meshtrain.plan.activations import ActivationEstimate, activation_bytes
 from meshtrain.plan.cluster import GIB, Cluster
 from meshtrain.plan.comm import (
@@ -46,12 +47,15 @@ from meshtrain.plan.memory import (
 )
 from meshtrain.plan.models import ModelSpec
 from meshtrain.plan.phases import RESIDENT_TERMS, Offload, PhaseMemory, phase_memory
+from meshtrain.plan.pipeline import PipelineEstimate
+from meshtrain.plan.pipeline_memory import pipeline_stage
 
 LAYOUT_KEYS = ("hybrid_shard_degree", "tensor_parallel_degree", "expert_parallel_degree",
                "context_parallel_degree", "sharding_strategy", "sequence_parallel",
                "activation_checkpointing", "activation_checkpointing_interval",
                "activation_offloading", "activation_loading_horizon", "cpu_offload",
-               "reshard_after_forward")
+               "reshard_after_forward", "pipeline_parallel_degree", "microbatches",
+               "pipeline_schedule", "pipeline_stages_per_rank")
 Reshard = bool | None
 """A `reshard_after_forward` choice for the candidates: True / False, or None (each
 candidate its strategy's default, and a no_shard candidate both ways)."""
@@ -75,6 +79,8 @@ class LayoutEstimate:
     comm: CommVolumes
     time: StepTime
     capacity_bytes: int | None
+    pipeline: PipelineEstimate | None = None
+    """The pipeline's terms (None without pipelining)."""
 
     @property
     def fits(self) -> bool | None:
@@ -99,8 +105,10 @@ class LayoutEstimate:
         """The SMP parameters of this layout (only keys that differ from the defaults)."""
         values = self.parameters.model_dump()
         defaults = SMPParameters().model_dump()
+        shown = {"hybrid_shard_degree"} | ({"microbatches", "pipeline_schedule"}
+                                           if self.pipeline is not None else set())
         return {key: values[key] for key in LAYOUT_KEYS
-                if values[key] != defaults[key] or key == "hybrid_shard_degree"}
+                if values[key] != defaults[key] or key in shown}
 
     def describe(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.layout.items())
@@ -109,21 +117,14 @@ class LayoutEstimate:
 def estimate_layout(
     model: ModelSpec, parameters: SMPParameters, cluster: Cluster, training: Training,
 ) -> LayoutEstimate:
-    """Estimate one layout; raises ConfigError when the runtime would reject it."""
+    """Estimate one layout; raises ConfigError when the runtime would reject it. With
+    pipelining, the memory is the peak rank's (meshtrain.plan.pipeline_memory)."""
     degrees = resolve_degrees(parameters, cluster.world_size, ranks_per_host=cluster.ranks_per_node,
                               world_description=_world(cluster))
     training = _with_precision(training, parameters)
-    acts = activation_bytes(
-        model, seq_len=training.seq_len, micro_batch=training.micro_batch,
-        precision=training.precision, tensor_parallel_degree=degrees.tensor_parallel_degree,
-        sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
-        context_parallel_degree=degrees.context_parallel_degree,
-        recompute="full" if parameters.activation_checkpointing else "none",
-        checkpoint_interval=parameters.activation_checkpointing_interval,
-        offload=parameters.activation_offloading,
-        loading_horizon=parameters.activation_loading_horizon,
-        decoder_seq_len=training.decoder_seq_len,
-    )
+    if degrees.pipeline_parallel_degree > 1:
+        return _estimate_pipeline(model, parameters, degrees, cluster, training)
+    acts = _activations(model, parameters, degrees, training)
     memory = _memory(model, parameters, degrees, training, acts, cluster)
     recompute_fraction = (acts.num_checkpointed + acts.encoder_checkpointed) / model.num_blocks
     volumes = communication_volumes(
@@ -135,6 +136,45 @@ def estimate_layout(
     return LayoutEstimate(parameters, degrees, memory, acts, volumes,
                           step_time(volumes, flops, degrees, cluster, training),
                           cluster.capacity_bytes)
+
+
+def _activations(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegrees,
+                 training: Training) -> ActivationEstimate:
+    return activation_bytes(
+        model, seq_len=training.seq_len, micro_batch=training.micro_batch,
+        precision=training.precision, tensor_parallel_degree=degrees.tensor_parallel_degree,
+        sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
+        context_parallel_degree=degrees.context_parallel_degree,
+        recompute="full" if parameters.activation_checkpointing else "none",
+        checkpoint_interval=parameters.activation_checkpointing_interval,
+        offload=parameters.activation_offloading,
+        loading_horizon=parameters.activation_loading_horizon,
+        decoder_seq_len=training.decoder_seq_len,
+    )
+
+
+def _estimate_pipeline(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegrees,
+                       cluster: Cluster, training: Training) -> LayoutEstimate:
+    """The peak rank's memory; FSDP/TP traffic of the rank's blocks for all its rows (FSDP
+    gathers counted once per step), the p2p sends exposed, the bubble idle."""
+    view = pipeline_stage(
+        model, parameters, degrees, training,
+        activations_of=lambda chunk, one: _activations(chunk, parameters, degrees, one),
+        memory_of=lambda rank_model, one, acts: _memory(rank_model, parameters, degrees, one,
+                                                         acts, cluster),
+        on_gpu=cluster.rank_unit == "GPU")
+    acts, terms = view.activations, view.pipeline
+    recompute_fraction = acts.num_checkpointed / max(1, acts.num_layers)
+    volumes = communication_volumes(
+        view.rank_model, degrees, training, recompute=recompute_fraction,
+        reshard_after_forward=resolve_reshard(parameters, degrees))
+    volumes = dataclasses.replace(volumes, pipeline_p2p=terms.p2p_bytes_per_rank)
+    flops = training_flops_per_gpu(model, degrees, training,
+                                   recompute_fraction=recompute_fraction) / terms.degree
+    time = step_time(volumes, flops, degrees, cluster, training,
+                     bubble_fraction=terms.bubble_fraction)
+    return LayoutEstimate(parameters, degrees, view.memory, acts, volumes, time,
+                          cluster.capacity_bytes, terms)
 
 
 def _memory(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegrees,
@@ -170,16 +210,49 @@ def _world(cluster: Cluster) -> str:
     return f"{cluster.num_nodes} hosts x {cluster.ranks_per_node} processes"
 
 
-def candidate_parameters(model: ModelSpec, cluster: Cluster,
-                         reshard: Reshard = None) -> Iterator[SMPParameters]:
+@dataclass(frozen=True)
+class PipelineOptions:
+    """The pipeline layouts among the candidates: every pp dividing the world and the blocks
+    (x the schedule's stages per rank), with `schedule` over `microbatches` (None: one row per
+    microbatch, the training's micro_batch)."""
+
+    microbatches: int | None = None
+    schedule: str = "1F1B"
+
+
+def candidate_parameters(model: ModelSpec, cluster: Cluster, reshard: Reshard = None,
+                         pipeline: PipelineOptions | None = None,
+                         micro_batch: int = 1) -> Iterator[SMPParameters]:
     """Every SMP parameter set the planner considers for `cluster` (see the module docstring);
-    `reshard` fixes `reshard_after_forward` for all of them (None: see `Reshard`)."""
-    world, per_node = cluster.world_size, cluster.ranks_per_node
-    tps = [t for t in divisors(world) if t <= per_node and model.num_attention_heads % t == 0
-           and model.num_key_value_heads % t == 0 and (t == 1 or not model.is_encoder_decoder)]
+    `reshard` fixes `reshard_after_forward` for all of them (None: see `Reshard`); `pipeline`
+    (default `PipelineOptions()`) and `micro_batch` (rows per data-parallel rank) give the
+    pipeline layouts' schedule and microbatches."""
+    pipeline = pipeline or PipelineOptions()
+    for pp in _pipeline_degrees(model, cluster.world_size, pipeline.schedule):
+        extra: dict[str, Any] = {} if pp == 1 else {
+            "pipeline_parallel_degree": pp, "pipeline_schedule": pipeline.schedule,
+            "microbatches": pipeline.microbatches or micro_batch}
+        yield from _stage_candidates(model, cluster, cluster.world_size // pp, reshard, extra)
+
+
+def _pipeline_degrees(model: ModelSpec, world: int, schedule: str) -> list[int]:
+    """1, and every pp > 1 dividing `world` whose stages split the blocks evenly."""
+    if model.is_encoder_decoder or model.declared_num_params is not None:
+        return [1]
+    per_rank = 1 if schedule in SINGLE_STAGE_SCHEDULES else 2
+    return [p for p in divisors(world) if p == 1 or model.num_blocks % (p * per_rank) == 0]
+
+
+def _stage_candidates(model: ModelSpec, cluster: Cluster, stage_world: int, reshard: Reshard,
+                      extra: dict[str, Any]) -> Iterator[SMPParameters]:
+    """The candidates within one stage's `stage_world` ranks (`extra`: pipeline keys)."""
+    per_node = cluster.ranks_per_node
+    tps = [t for t in divisors(stage_world) if t <= per_node
+           and model.num_attention_heads % t == 0 and model.num_key_value_heads % t == 0
+           and (t == 1 or not model.is_encoder_decoder)]
     recompute_options = ((False, False), (True, False), (True, True))
     for tp in tps:
-        for shard in divisors(world // tp):
+        for shard in divisors(stage_world // tp):
             eps = _expert_degrees(model, shard * tp)  # folded over shard x tp with TP
             sps = [False, True] if tp > 1 else [False]
             for (strategy, keep), ep, sp, (ac, off) in itertools.product(
@@ -189,7 +262,7 @@ def candidate_parameters(model: ModelSpec, cluster: Cluster,
                         hybrid_shard_degree=shard, tensor_parallel_degree=tp,
                         expert_parallel_degree=ep, sharding_strategy=strategy,
                         sequence_parallel=sp, activation_checkpointing=ac,
-                        activation_offloading=off, reshard_after_forward=keep,
+                        activation_offloading=off, reshard_after_forward=keep, **extra,
                     )
                 except ValidationError:
                     continue  # a combination SMPParameters itself rejects
@@ -221,6 +294,8 @@ class Plan:
     training: Training
     candidates: list[LayoutEstimate]
     model_state_bytes_per_gpu: dict[str, int]
+    pipeline: PipelineOptions = PipelineOptions()
+    """The schedule and microbatches the pipeline candidates assume."""
 
     @property
     def best(self) -> LayoutEstimate | None:
@@ -239,17 +314,20 @@ def rank_key(estimate: LayoutEstimate) -> tuple:
 
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training,
-                 reshard: Reshard = None) -> Plan:
-    """Estimate every candidate layout on `cluster` and rank them (`reshard`: see `Reshard`)."""
+                 reshard: Reshard = None, pipeline: PipelineOptions | None = None) -> Plan:
+    """Estimate every candidate layout on `cluster` and rank them (`reshard`: see `Reshard`;
+    `pipeline`: see `PipelineOptions`)."""
     estimates = []
-    for parameters in candidate_parameters(model, cluster, reshard):
+    for parameters in candidate_parameters(model, cluster, reshard, pipeline,
+                                           training.micro_batch):
         try:
             estimates.append(estimate_layout(model, parameters, cluster, training))
         except ConfigError:
             continue  # resolve_degrees rejects it for this world size
     estimates.sort(key=rank_key)
     return Plan(model, cluster, training, estimates,
-                zero_stage_bytes(model, cluster.world_size, training))
+                zero_stage_bytes(model, cluster.world_size, training),
+                pipeline or PipelineOptions())
 
 
 _COUNT_LADDER = (*range(1, 17), 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512)
@@ -257,14 +335,14 @@ _COUNT_LADDER = (*range(1, 17), 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 2
 
 def smallest_fitting_count(
     model: ModelSpec, training: Training, build: Callable[[int], Cluster], *, above: int = 0,
-    reshard: Reshard = None,
+    reshard: Reshard = None, pipeline: PipelineOptions | None = None,
 ) -> tuple[int, Plan] | None:
     """The fewest hosts (more than `above`, up to 512) on which some layout fits.
 
     `build(count)` makes the cluster of `count` hosts. None when even 512 do not suffice.
     """
     for count in (c for c in _COUNT_LADDER if c > above):
-        plan = plan_layouts(model, build(count), training, reshard)
+        plan = plan_layouts(model, build(count), training, reshard, pipeline)
         if plan.best is not None and plan.best.fits:
             return count, plan
     return None
@@ -317,6 +395,7 @@ def tipping_term(phase: PhaseMemory, capacity: int | None) -> str:
 
 __all__ = [
     "LayoutEstimate",
+    "PipelineOptions",
     "Plan",
     "candidate_parameters",
     "estimate_layout",

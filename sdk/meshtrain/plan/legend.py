@@ -15,6 +15,8 @@ from meshtrain.plan.cluster import GIB, Cluster
 
 COLUMN_MEANINGS = {
     "#": "rank: fitting layouts first, fastest first (then the closest to fitting)",
+    "pp": "pipeline-parallel degree (stages' ranks); a pipeline layout's memory is its peak "
+          "rank's, its tokens/s counts the bubble (pp N (schedule, microbatches, bubble))",
     "layout": "shard N = FSDP sharding group, rep M = its replicas (hybrid), tp/ep/cp = "
               "tensor/expert/context-parallel degree, +sp = sequence parallel; zero3 = "
               "full_shard, zero2 = shard_grad_op, ddp = no_shard; ckpt = activation "

@@ -20,6 +20,7 @@ from meshtrain.instances import gpus_per_instance
 from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.layouts import (
     LayoutEstimate,
+    PipelineOptions,
     Plan,
     estimate_layout,
     plan_layouts,
@@ -86,10 +87,20 @@ def _refusal(spec: ModelSpec, estimate: LayoutEstimate, plan: Plan, build: Any) 
             f"{training.optimizer}, {training.convention} convention) does not fit on "
             f"{cluster.description} with {short_layout(estimate)} "
             f"({estimate.describe()}):\n{memory_text(estimate)}\n")
-    alternative = plan_layouts(spec, cluster, training).best
+    if estimate.pipeline is not None:
+        terms = estimate.pipeline
+        head += (f"  pipeline: the {terms.peak_stage} rank peaks, holding {terms.blocks_per_stage}"
+                 f" block(s) per stage x {terms.stages_per_rank} stage(s) and "
+                 f"{max(terms.in_flight_first, terms.in_flight_last)} in-flight "
+                 f"chunk-microbatch(es) of {terms.rows_per_microbatch} row(s) "
+                 f"({terms.schedule}, microbatches={terms.microbatches})\n")
+    pipeline = PipelineOptions(estimate.parameters.microbatches if estimate.pipeline else None,
+                               estimate.parameters.pipeline_schedule)
+    alternative = plan_layouts(spec, cluster, training, pipeline=pipeline).best
     if alternative is not None and alternative.fits:
         return head + _suggest(alternative, "A layout that fits on this cluster")
-    found = smallest_fitting_count(spec, training, build, above=cluster.num_nodes)
+    found = smallest_fitting_count(spec, training, build, above=cluster.num_nodes,
+                                   pipeline=pipeline)
     if found is None:
         return head + ("No layout fits on up to 512 instances of this type: use GPUs with more "
                        "memory, a shorter sequence or a smaller micro-batch.")

@@ -12,10 +12,10 @@ from meshtrain.plan.cluster import GIB
 from meshtrain.plan.layouts import LayoutEstimate, Plan, reasoning, tipping_term
 from meshtrain.plan.legend import PHASE_LEGEND, cluster_text, column_legend, speed_text
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: `memory_bytes.phases` and `memory_bytes.peak_phase` added; 3: `degrees.reshard_after_forward`,
-the encoder-decoder fields of `model` and `training.decoder_seq_len` (every earlier field keeps
-its meaning)."""
+the encoder-decoder fields of `model` and `training.decoder_seq_len`; 4: pipeline parallelism
+(meshtrain.plan.schema) (every earlier field keeps its meaning)."""
 _STRATEGY_NAMES = {"full_shard": "zero3", "hybrid_shard": "zero3 (hybrid)",
                    "shard_grad_op": "zero2", "_hybrid_shard_zero2": "zero2 (hybrid)",
                    "no_shard": "ddp"}
@@ -47,20 +47,38 @@ def estimate_to_dict(estimate: LayoutEstimate, plan: Plan, rank: int) -> dict[st
             "data_parallel_degree": degrees.data_parallel_degree,
             "sharding_strategy": degrees.sharding_strategy,
             "reshard_after_forward": estimate.reshard_after_forward,
+            "pipeline_parallel_degree": degrees.pipeline_parallel_degree,
         },
         "fits": estimate.fits,
+        "pipeline": _pipeline_dict(estimate),
         "memory_bytes": _memory_dict(estimate),
         "activations": _activations_dict(estimate),
         "communication_bytes_per_step": {
             name: _int(getattr(estimate.comm, name)) for name in (
                 "fsdp_all_gather", "fsdp_reduce_scatter", "data_parallel_all_reduce",
-                "tensor_parallel", "expert_all_to_all", "context_parallel", "total")},
+                "tensor_parallel", "expert_all_to_all", "context_parallel", "pipeline_p2p",
+                "total")},
         "estimate": {
             "compute_s": time.compute_s, "overlapped_communication_s": time.overlapped_comm_s,
             "exposed_communication_s": time.exposed_comm_s, "step_s": time.step_s,
             "tokens_per_step": time.tokens_per_step, "tokens_per_s": time.tokens_per_s,
+            "bubble_fraction": time.bubble_fraction,
         },
         "reasoning": reasoning(estimate, plan),
+    }
+
+
+def _pipeline_dict(estimate: LayoutEstimate) -> dict[str, Any] | None:
+    terms = estimate.pipeline
+    if terms is None:
+        return None
+    return {
+        "schedule": terms.schedule, "microbatches": terms.microbatches,
+        "stages_per_rank": terms.stages_per_rank, "rows_per_microbatch": terms.rows_per_microbatch,
+        "blocks_per_stage": terms.blocks_per_stage, "in_flight_first": terms.in_flight_first,
+        "in_flight_last": terms.in_flight_last, "bubble_fraction": terms.bubble_fraction,
+        "p2p_bytes_per_boundary": _int(terms.p2p_bytes_per_boundary),
+        "p2p_bytes_per_rank": _int(terms.p2p_bytes_per_rank), "peak_stage": terms.peak_stage,
     }
 
 
@@ -133,6 +151,8 @@ def plan_to_dict(
             "optimizer_offload": training.optimizer_offload,
             "compute_efficiency": training.compute_efficiency,
             "decoder_seq_len": training.decoder_seq_len,
+            "microbatches": plan.pipeline.microbatches,
+            "pipeline_schedule": plan.pipeline.schedule,
         },
         "model_state_bytes_per_gpu": plan.model_state_bytes_per_gpu,
         "num_candidates": len(plan.candidates),
@@ -147,8 +167,9 @@ def plan_to_dict(
 def short_layout(estimate: LayoutEstimate) -> str:
     """e.g. 'shard 8 x rep 2 | tp 2+sp | zero3 (hybrid) | ckpt+offload'."""
     d, p = estimate.degrees, estimate.parameters
-    parts = [f"shard {d.hybrid_shard_degree}" + (f" x rep {d.replicate_degree}"
-                                                  if d.replicate_degree > 1 else "")]
+    parts = [] if estimate.pipeline is None else [_pipeline_text(estimate)]
+    parts.append(f"shard {d.hybrid_shard_degree}" + (f" x rep {d.replicate_degree}"
+                                                      if d.replicate_degree > 1 else ""))
     if d.tensor_parallel_degree > 1:
         parts.append(f"tp {d.tensor_parallel_degree}" + ("+sp" if p.sequence_parallel else ""))
     if d.expert_parallel_degree > 1:
@@ -165,12 +186,21 @@ def short_layout(estimate: LayoutEstimate) -> str:
     return " | ".join(parts)
 
 
+def _pipeline_text(estimate: LayoutEstimate) -> str:
+    """e.g. 'pp 2 (1F1B, 8 mb, bubble 11%)'."""
+    terms = estimate.pipeline
+    assert terms is not None
+    virtual = f" x{terms.stages_per_rank}" if terms.stages_per_rank > 1 else ""
+    return (f"pp {terms.degree}{virtual} ({terms.schedule}, {terms.microbatches} mb, bubble "
+            f"{terms.bubble_fraction:.0%})")
+
+
 def _gib(value: float) -> str:
     return f"{value / GIB:.1f}"
 
 
 # (header, justify, priority): with less room the higher priorities are dropped first.
-_COLUMNS = (("#", "right", 0), ("layout", "left", 0), ("peak GiB", "right", 0),
+_COLUMNS = (("#", "right", 0), ("pp", "right", 0), ("layout", "left", 0), ("peak GiB", "right", 0),
             ("fits", "center", 0), ("phase", "left", 1), ("tokens/s", "right", 1),
             ("states", "right", 2), ("activations", "right", 2), ("temp", "right", 3),
             ("comm GB/step", "right", 3))
@@ -181,7 +211,8 @@ _MEDIUM = 100
 def _row(rank: int, estimate: LayoutEstimate) -> dict[str, str]:
     memory = estimate.memory
     return {
-        "#": str(rank), "layout": short_layout(estimate), "peak GiB": _gib(memory.peak_bytes),
+        "#": str(rank), "pp": str(estimate.degrees.pipeline_parallel_degree),
+        "layout": short_layout(estimate), "peak GiB": _gib(memory.peak_bytes),
         "fits": {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[estimate.fits],
         "phase": memory.peak_phase.name.replace("optimizer_step", "step"),
         "tokens/s": f"{estimate.time.tokens_per_s:,.0f}", "states": _gib(memory.states.total),
@@ -264,6 +295,12 @@ def _print_legend(plan: Plan, console: Console) -> None:
     console.print(column_legend(shown, left_out, unit=plan.cluster.rank_unit,
                                 usable_gib=None if capacity is None else capacity / GIB))
     console.print(speed_text(plan.cluster, plan.training.compute_efficiency), highlight=False)
+    pipelined = [c.pipeline for c in plan.candidates if c.pipeline is not None]
+    if pipelined:
+        console.print(f"Pipeline layouts: {pipelined[0].schedule} over "
+                      f"{pipelined[0].microbatches} microbatches of "
+                      f"{pipelined[0].rows_per_microbatch} row(s) per data-parallel rank "
+                      "(--microbatches, --pipeline-schedule).", highlight=False)
 
 
 def memory_text(estimate: LayoutEstimate) -> str:
