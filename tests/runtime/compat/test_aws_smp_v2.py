@@ -5,6 +5,10 @@ As in AWS's notebooks: `train.py` from their shared-scripts folder, the distribu
 Llama v2: 2 layers, hidden 32, vocab 64, 16 tokens; synthetic data; gloo), 2 local hosts x 2
 processes. Each layout trains 4 steps saving SMP's sharded checkpoints every 2 steps, then a
 second job resumes from the 2-step checkpoint, as the notebooks' "Resume training" cell does.
+Their MoE path runs too: a tiny Mixtral (model_type mixtral, moe=1, use_smp_implementation=1,
+their MoE defaults) with its experts split over expert_parallel_degree=2; the job log carries the
+runtime's line saying so. (That FSDP1 + EP trains exactly as one process is shown by
+test_smp_multiprocess.py::test_fsdp1_with_expert_parallelism_matches_one_process.)
 
 What shows the resumed job loaded the checkpoint: its log says so (model, then optimizer), its
 first step is step 2 with the learning rate the first job had at step 2 (the scheduler's state),

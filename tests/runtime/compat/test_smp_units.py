@@ -221,3 +221,30 @@ def test_fsdp1_with_tp_and_ep_is_refused_with_the_fix(monkeypatch):
         _fsdp.smp_fsdp1_kwargs(st, {})
     assert _fsdp.fsdp1_degrees(SimpleNamespace(
         expert_parallel_degree=2, hybrid_shard_degree=4, replicate_degree=1)) == (2, 1)
+
+
+def test_fsdp1_ep_gives_experts_their_own_units_or_refuses():
+    """Expert gradients are reduced unlike dense ones, so each MoE layer's experts are a unit."""
+    import functools
+
+    import torch
+    from torch.distributed.fsdp.wrap import (
+        CustomPolicy,
+        ModuleWrapPolicy,
+        size_based_auto_wrap_policy,
+    )
+
+    from meshtrain_runtime.compat.smp._fsdp1_ep import with_expert_units
+    from meshtrain_runtime.parallel.expert import ExpertParallelExperts
+
+    experts = object.__new__(ExpertParallelExperts)
+    dense = torch.nn.Linear(2, 2)
+    small = functools.partial(size_based_auto_wrap_policy, min_num_params=10**9)
+    combined = with_expert_units(small)
+    assert combined(module=experts, recurse=False, nonwrapped_numel=1)
+    assert not combined(module=dense, recurse=False, nonwrapped_numel=1)
+    assert ExpertParallelExperts in with_expert_units(None)._module_classes
+    assert {ExpertParallelExperts, torch.nn.Linear} == set(
+        with_expert_units(ModuleWrapPolicy({torch.nn.Linear}))._module_classes)
+    with pytest.raises(ConfigError, match="own FSDP1 unit"):
+        with_expert_units(CustomPolicy(lambda module: False))

@@ -29,6 +29,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, _Policy
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
+from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.parallel.expert import ExpertParallelExperts, expert_parallel_modules
 
@@ -57,8 +58,14 @@ def with_expert_units(policy: Any) -> Any:
         return ModuleWrapPolicy({ExpertParallelExperts})
     if isinstance(policy, ModuleWrapPolicy):
         return ModuleWrapPolicy(set(policy._module_classes) | {ExpertParallelExperts})
-    if isinstance(policy, _Policy):
-        return policy  # a custom policy object: the script decides the units
+    if isinstance(policy, _Policy):  # its units are its own: experts might share a dense one
+        raise ConfigError(
+            f"FSDP1 with expert parallelism puts each MoE layer's experts in their own FSDP1 "
+            f"unit (their gradients are reduced differently from the dense ones), which "
+            f"auto_wrap_policy={type(policy).__name__}(...) cannot be extended to do. Pass a "
+            f"callable policy (functools.partial(transformer_auto_wrap_policy, ...)), a "
+            f"ModuleWrapPolicy, or none."
+        )
 
     def combined(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
         own = policy(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel)
