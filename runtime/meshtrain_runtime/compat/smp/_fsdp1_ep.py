@@ -104,7 +104,8 @@ def install_gradient_finish(root: FullyShardedDataParallel, st: runtime_state.Ru
 
     def run() -> None:
         queued[0] = False
-        finish()
+        if getattr(root, "_sync_gradients", True):  # not inside no_sync(): FSDP1 reduced
+            finish()
 
     def on_grad(grad: torch.Tensor) -> torch.Tensor:
         if not queued[0]:
