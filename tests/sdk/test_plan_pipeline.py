@@ -12,7 +12,7 @@ from meshtrain import ConfigError, Estimator
 from meshtrain.contract.distribution import SMPParameters
 from meshtrain.plan import ModelSpec, Training, activation_bytes, build_cluster, preflight
 from meshtrain.plan.cli import plan_main
-from meshtrain.plan.layouts import estimate_layout, plan_layouts
+from meshtrain.plan.layouts import estimate_layout, plan_layouts, reasoning
 from meshtrain.plan.pipeline import bubble_fraction, in_flight
 from meshtrain.plan.schema import PLAN_JSON_SCHEMA
 
@@ -186,6 +186,7 @@ def test_pipeline_layouts_are_ranked_with_the_others_and_win_where_only_they_fit
     assert not any(c.fits for c in tight.candidates if c.pipeline is None)
     # with room for everything, the pipeline's bubble ranks it below a layout without one
     assert plan.best.pipeline is None
+    assert "1F1B bubble idles 20% of the step" in reasoning(tight.best, tight)  # (2-1)/(4+2-1)
 
 
 def test_cli_shows_pp_and_takes_microbatches_and_schedule(capsys, monkeypatch):

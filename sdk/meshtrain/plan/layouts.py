@@ -366,6 +366,10 @@ def reasoning(estimate: LayoutEstimate, plan: Plan) -> str:
     bound = "compute-bound" if overlapped else "bound by FSDP/DP traffic"
     parts.append(f"~{time.tokens_per_s:,.0f} tokens/s ({bound}; exposed TP/EP/CP communication "
                  f"{time.exposed_comm_s * 1e3:.0f} ms per step)")
+    if estimate.pipeline is not None:
+        terms = estimate.pipeline
+        parts.append(f"the pipeline's {terms.schedule} bubble idles {time.bubble_fraction:.0%} of "
+                     f"the step; its {terms.peak_stage} rank peaks")
     return "; ".join(parts) + "."
 
 
