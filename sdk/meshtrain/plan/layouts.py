@@ -7,7 +7,9 @@ every hybrid_shard_degree dividing the data-parallel size, with FSDP's default s
 with shard_grad_op (without sharding: no_shard keeping its gathered parameters between forward
 and backward, and resharding them after forward); expert parallelism dividing the shard degree
 (shard x tp with TP: the EP group is folded over both) and the experts (MoE only); activation
-checkpointing off, on, and on with offloading; sequence parallelism off and on with TP.
+checkpointing off, on, and on with offloading; sequence parallelism off and on with TP; and
+each of these within one stage's ranks for every pipeline-parallel degree dividing the world
+and the blocks (`PipelineOptions`: the schedule and microbatches; meshtrain.plan.pipeline).
 
 Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
 and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,

@@ -128,8 +128,10 @@ def rows_per_microbatch(micro_batch: int, microbatches: int) -> int:
     if micro_batch % microbatches:
         raise ConfigError(
             f"micro_batch={micro_batch} rows per data-parallel rank do not split into "
-            f"microbatches={microbatches} equal chunks (forward_backward refuses them). Use a "
-            f"micro_batch that is a multiple of {microbatches}, or fewer microbatches.")
+            f"microbatches={microbatches} equal chunks (forward_backward refuses them). Give the "
+            f"rows each data-parallel rank trains on per step as a multiple of {microbatches} "
+            "(--micro-batch; the Estimator's plan_options={'micro_batch': N}), or fewer "
+            "microbatches.")
     return micro_batch // microbatches
 
 
