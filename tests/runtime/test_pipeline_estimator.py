@@ -33,7 +33,10 @@ def test_pp2_dp2_local_job_matches_one_process(tmp_path, monkeypatch) -> None:
     assert (record["pp_size"], record["dp_size"], record["hosts"]) == (
         2, 2, ["algo-1", "algo-2"])
     monkeypatch.syspath_prepend(str(WORKERS))
-    sys.modules.pop("pipeline_parity", None)
+    # the workers' `report` module, not benchmarks/report.py that a benchmark test of the same
+    # xdist worker imported under that name; both are restored at teardown
+    for name in ("pipeline_parity", "report"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     from pipeline_parity import reference
 
     expected = reference("llama")["losses"]
