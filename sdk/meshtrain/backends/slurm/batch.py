@@ -50,6 +50,7 @@ from meshtrain.contract.failures import (
 
 REQUEUE = "Requeue"
 NODE_PROBE_SECONDS = 30
+NODE_SETTLE_SECONDS = 20  # a killed node's slurmd restarting registers within seconds
 
 
 def nodes_respond(count: int) -> bool:
@@ -140,13 +141,25 @@ class BatchStep:
 
     def node_failed(self) -> bool:
         """A node of the job died: its slurmd restarted since this run began, or a node does
-        not run a step now."""
+        not run a step now. When a host left no failure record (its node step was killed, not a
+        rank that raised), its slurmd is given NODE_SETTLE_SECONDS to show the restart: a probe
+        step alone would wait for a slurmd that comes back and then succeed."""
         nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
-        for node in nodes:
-            started = slurmd_started(node)
-            if started is not None and started > self.run_started:
+        settle = time.monotonic() + (NODE_SETTLE_SECONDS if self.host_unrecorded() else 0)
+        while True:
+            if any(self.restarted(node) for node in nodes):
                 return True
-        return not nodes_respond(len(nodes))
+            if time.monotonic() >= settle:
+                return not nodes_respond(len(nodes))
+            time.sleep(1)
+
+    def restarted(self, node: str) -> bool:
+        started = slurmd_started(node)
+        return started is not None and started > self.run_started
+
+    def host_unrecorded(self) -> bool:
+        return any(not (self.job_dir.host_work_dir(host) / HOST_RECORD).exists()
+                   for host in self.spec.hosts)
 
     def after_sigterm(self, deadline: float) -> tuple[str, str | None]:
         """Why Slurm sent SIGTERM: the client's stop(), --time, an scancel, or a node failure
