@@ -106,7 +106,9 @@ def build_meshes(degrees: ResolvedDegrees, device_type: str) -> Meshes:
 def _split_shard(layout: DeviceMesh, degrees: ResolvedDegrees, carved: MeshAxis) -> DeviceMesh:
     """`layout` with its ``shard`` axis split into (shard_mod_X, X), X innermost."""
     parts = SHARD_SPLITS[carved]
-    return layout._unflatten(MeshAxis.SHARD.value, mesh_shape(degrees, parts), axis_names(parts))
+    # by index: torch 2.11's _unflatten refuses every axis *name* (its membership test is inverted)
+    shard_dim = layout.mesh_dim_names.index(MeshAxis.SHARD.value)
+    return layout._unflatten(shard_dim, mesh_shape(degrees, parts), axis_names(parts))
 
 
 def _fold_over_shard_and_tp(world: DeviceMesh, degrees: ResolvedDegrees) -> DeviceMesh:
