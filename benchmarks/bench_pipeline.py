@@ -83,13 +83,22 @@ def bubble_summary(steps: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def schedule_entry(schedule: str, m: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """One schedule's record: measured idle fractions beside theory (5 points allowed)."""
+    """One schedule's record: measured idle fractions beside theory (5 points allowed).
+
+    The step's bubble is the idle fraction of its critical rank, the one busiest in actions: the
+    step cannot end before that rank's work does, and theory assumes every stage that busy. The
+    first stage is lighter by construction (it computes no gradient for its input: one
+    ``up``-projection's backward matmul per microbatch), so the other rank idles that much more
+    than theory; every rank's figure and the busy spread are kept beside it."""
     v = SCHEDULES[schedule]
     theory = theory_bubble(schedule, PP, m, v)
+    busy = summary["busy_ms_per_rank"]
+    critical = busy.index(max(busy))
     entry = {"schedule": schedule, "pp": PP, "microbatches": m, "stages_per_rank": v,
-             "theory": theory, **summary}
-    entry["within_5_points"] = None if theory is None else all(
-        abs(idle - theory) <= 0.05 for idle in summary["idle_per_rank"])
+             "theory": theory, **summary, "critical_rank": critical,
+             "bubble": summary["idle_per_rank"][critical],
+             "stage_busy_spread": max(busy) / min(busy) - 1.0}
+    entry["within_5_points"] = None if theory is None else abs(entry["bubble"] - theory) <= 0.05
     return entry
 
 
@@ -310,7 +319,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     return {"ranks": raw["ranks"], "model": raw["model"], "ratio": ratio,
             "schedules": schedules,
             "zbv_below_1f1b": None if not (zbv and one_f) else
-            zbv["idle_mean"] < one_f["idle_mean"]}
+            zbv["bubble"] < one_f["bubble"]}
 
 
 def plot_timeline(result: dict[str, Any], path: Path) -> None:
@@ -333,7 +342,8 @@ def plot_timeline(result: dict[str, Any], path: Path) -> None:
         theory = entry["theory"]
         idle = ", ".join(f"{v:.2f}" for v in entry["idle_per_rank"])
         ax.set_title(f"{name} (pp{entry['pp']}, m={entry['microbatches']}, "
-                     f"v={entry['stages_per_rank']}): idle per rank {idle}; theory "
+                     f"v={entry['stages_per_rank']}): bubble {entry['bubble']:.2f} (rank "
+                     f"{entry['critical_rank']}), idle per rank {idle}; theory "
                      f"{'-' if theory is None else f'{theory:.2f}'}", fontsize=8)
         ax.set_yticks(range(len(entry["timeline_ms"])),
                       [f"rank {r}" for r in range(len(entry["timeline_ms"]))], fontsize=7)
@@ -358,7 +368,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--bubble-steps", type=int, default=8, help="timed steps per schedule")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4, help="blocks (pp x 2 divides it)")
+    # 8 blocks: the first stage's missing input gradient is a smaller share of a stage
+    parser.add_argument("--layers", type=int, default=8, help="blocks (pp x 2 divides it)")
     parser.add_argument("--rows", type=int, default=256, help="rows per microbatch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--raw", help=argparse.SUPPRESS)

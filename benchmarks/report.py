@@ -281,15 +281,16 @@ def pipeline_lines(pipeline: Mapping[str, Any] | None) -> list[str]:
              f"{_cell(ratio['wall']['median'], ratio['wall'])}, CPU "
              f"{_cell(ratio['cpu']['median'], ratio['cpu'])}; floor (hand-written vs itself) "
              f"wall {_fmt(ratio['null_wall']['median'])}, CPU {_fmt(ratio['null_cpu']['median'])}",
-             "", "| schedule | m | v | idle per rank (measured) | theory | within 5 points "
-             "| step ms |", "|---|---|---|---|---|---|---|"]
+             "", "| schedule | m | v | bubble (critical rank) | idle per rank | theory "
+             "| within 5 points | step ms |", "|---|---|---|---|---|---|---|---|"]
     for name, e in pipeline["schedules"].items():
         idle = " / ".join(_fmt(v) for v in e["idle_per_rank"])
         within = "-" if e["within_5_points"] is None else \
             ("yes" if e["within_5_points"] else "**no**")
-        lines.append(f"| {name} | {e['microbatches']} | {e['stages_per_rank']} | {idle} | "
+        lines.append(f"| {name} | {e['microbatches']} | {e['stages_per_rank']} | "
+                     f"{_fmt(e['bubble'])} (rank {e['critical_rank']}) | {idle} | "
                      f"{_fmt(e['theory'])} | {within} | {e['wall_ms']:.1f} |")
-    lines.append(f"ZBVZeroBubble idle below 1F1B's: {pipeline.get('zbv_below_1f1b')}")
+    lines.append(f"ZBVZeroBubble's bubble below 1F1B's: {pipeline.get('zbv_below_1f1b')}")
     return lines
 
 

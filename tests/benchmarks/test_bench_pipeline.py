@@ -45,7 +45,14 @@ def test_bubble_summary_on_hand_made_steps() -> None:
     assert summary["wall_ms"] == pytest.approx(1e4)
     assert summary["timeline_ms"][1] == [["F", 1, 2e3, 4e3], ["B", 1, 4e3, 9e3]]
     entry = bench_pipeline.schedule_entry("1F1B", M, summary)
+    # the critical rank is the busier one (rank 1: 7 of 10): its idle 0.3 is the step's bubble
+    assert entry["critical_rank"] == 1 and entry["bubble"] == pytest.approx(0.3)
+    assert entry["stage_busy_spread"] == pytest.approx(7 / 6 - 1)
     assert entry["theory"] == pytest.approx(0.2) and entry["within_5_points"] is False
+    near = [[{**r, "events": [(k, s, a, b + 0.5) for k, s, a, b in r["events"]]}
+             for r in step]]  # rank 1 busy 8 of 10: 0.2, on theory
+    assert bench_pipeline.schedule_entry("1F1B", M, bench_pipeline.bubble_summary(near))[
+        "within_5_points"] is True
     assert bench_pipeline.schedule_entry("ZBVZeroBubble", M, summary)["within_5_points"] is None
 
 
