@@ -50,6 +50,12 @@ MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks lea
 MESHTRAIN_ATTEMPT = "MESHTRAIN_ATTEMPT"  # 1, then 2, 3 ... when a job's hosts are restarted
 MESHTRAIN_STOP_GRACE_SECONDS = "MESHTRAIN_STOP_GRACE_SECONDS"  # SIGTERM -> SIGKILL on a stop
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
+# fault tolerance (torch_distributed.fault_tolerance): each replica group is its own torchrun
+# world; the backend tells every host (and so every rank) which group it is and where the
+# torchft lighthouse listens
+MESHTRAIN_FT_REPLICA_GROUP = "MESHTRAIN_FT_REPLICA_GROUP"  # 0 .. N-1
+MESHTRAIN_FT_REPLICA_GROUPS = "MESHTRAIN_FT_REPLICA_GROUPS"  # N
+MESHTRAIN_FT_LIGHTHOUSE = "MESHTRAIN_FT_LIGHTHOUSE"  # http://host:port
 
 BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"
 """What every backend runs in each host (``python -m``; the image's ``train`` does the same)."""
