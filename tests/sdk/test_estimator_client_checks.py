@@ -89,7 +89,7 @@ def test_entry_point_without_match_lists_the_scripts(source):
 
 
 @pytest.mark.parametrize(("parameters", "tp"), [
-    ({"context_parallel_degree": 2}, 1), ({"sequence_parallel": True}, 1),
+    ({"sequence_parallel": True}, 1),
     ({"loss_parallel": True}, 1),
     ({"fp8": True, "tensor_parallel_degree": 2}, 2)])
 def test_runtime_refusals_happen_at_the_client_with_the_runtimes_message(source, parameters, tp):

@@ -26,6 +26,7 @@ ShardingStrategy = Literal[
     "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"
 ]
 MixedPrecision = Literal["bf16", "fp16", "fp32"]
+CpCommType = Literal["p2p", "all_gather", "a2a"]
 PipelineSchedule = Literal[
     "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"
 ]
@@ -84,6 +85,11 @@ class SMPParameters(_Strict):
     pipeline_split_points: list[int] | None = None
     """Block index at which each stage after the first begins (stages - 1 increasing
     indices); None splits the blocks evenly."""
+    cp_comm_type: CpCommType = "p2p"
+    """With context_parallel_degree > 1: how attention crosses the cp ranks: "p2p" (a ring of
+    key/value sends), "all_gather" (every rank gathers all keys/values) or "a2a" (Ulysses: heads
+    scattered by all-to-all). SMP takes it as ``tsm.transform(model, cp_comm_type=...)``; this
+    key is a meshtrain extension (``transform(cp_comm_type=...)`` overrides it)."""
     torch_sagemaker_alias: bool = True
     """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
     docs/smp-compat.md); False leaves the name unresolved."""
@@ -91,6 +97,7 @@ class SMPParameters(_Strict):
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
         self._check_context_vs_shard()
+        self._check_context_combinations()
         self._check_expert_and_sequence_parallel()
         self._check_offloading()
         self._check_strategy_vs_degree()
@@ -122,6 +129,33 @@ class SMPParameters(_Strict):
                 f"group is carved out of the sharding group. Use hybrid_shard_degree >= {cp} "
                 "(or 0 for the largest possible)."
             )
+
+    def _check_context_combinations(self) -> None:
+        cp = self.context_parallel_degree
+        if cp == 1:
+            return
+        refusals = {
+            "pipeline_parallel_degree": (
+                "a pipeline stage sends one microbatch's activations to the next stage, and "
+                "this build does not yet split each microbatch's sequence over the cp ranks "
+                "inside torch's pipeline schedules (nor weight their losses by token count)"),
+            "expert_parallel_degree": (
+                "the MoE layers' load-balancing losses are computed from the routing of the "
+                "tokens a rank holds, and this build has no parity check of those losses when "
+                "a rank holds only chunks of each sequence"),
+        }
+        for key, why in refusals.items():
+            degree = getattr(self, key)
+            if degree > 1:
+                raise ValueError(
+                    f"context_parallel_degree={cp} with {key}={degree} is not supported: {why}. "
+                    f"Use one of them (set the other to 1).")
+        if self.compile:
+            raise ValueError(
+                f"compile=True with context_parallel_degree={cp}: every attention call runs "
+                "the context-parallel exchange (send/recv, all-gather or all-to-all) between "
+                "the cp ranks, which this build does not compile inside a block. Set "
+                "compile=False, or context_parallel_degree=1.")
 
     def _check_offloading(self) -> None:
         if self.activation_offloading and not self.activation_checkpointing:

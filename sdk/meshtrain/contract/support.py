@@ -13,14 +13,7 @@ from meshtrain.contract.errors import ConfigError
 
 
 def check_build_support(params: SMPParameters, tensor_parallel_degree: int) -> None:
-    """Refuse parameters this build does not run: context parallelism, SP/loss-parallel sans TP,
-    fp8 with TP."""
-    if params.context_parallel_degree > 1:
-        raise ConfigError(
-            f"context_parallel_degree={params.context_parallel_degree} asks for context "
-            "parallelism, which is not available in this build of meshtrain_runtime yet. Remove "
-            "context_parallel_degree from the parameters (or set it to 1)."
-        )
+    """Refuse parameters this build does not run: SP/loss-parallel sans TP, fp8 with TP."""
     for key in ("sequence_parallel", "loss_parallel"):
         if getattr(params, key) and tensor_parallel_degree == 1:
             raise ConfigError(

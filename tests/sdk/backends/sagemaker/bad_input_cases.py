@@ -252,7 +252,20 @@ _DISTRIBUTION = {
     "smp-hsd-3": ({"distribution": smp(hybrid_shard_degree=3)}, {}, "does not divide"),
     "smp-tp-str": ({"distribution": smp(tensor_parallel_degree="2")}, {},
                    "tensor_parallel_degree"),
-    "smp-cp-2": ({"distribution": smp(context_parallel_degree=2)}, {}, "not available"),
+    "smp-cp-3": ({"distribution": smp(context_parallel_degree=3)}, {},
+                 "context_parallel_degree=3 must divide the resolved hybrid_shard_degree=2 "
+                 "(world size 2"),
+    "smp-cp-hsd": ({"instance_count": 2, "distribution": smp(context_parallel_degree=2,
+                                                             hybrid_shard_degree=1)}, {},
+                   "context_parallel_degree=2 > hybrid_shard_degree=1"),
+    "smp-cp-comm": ({"distribution": smp(context_parallel_degree=2, cp_comm_type="ring")}, {},
+                    "cp_comm_type"),
+    "smp-cp-pp": ({"instance_count": 2, "distribution": smp(context_parallel_degree=2,
+                                                            pipeline_parallel_degree=2,
+                                                            microbatches=2)}, {},
+                  "context_parallel_degree=2 with pipeline_parallel_degree=2"),
+    "smp-cp-ep": ({"distribution": smp(context_parallel_degree=2, expert_parallel_degree=2)},
+                  {}, "context_parallel_degree=2 with expert_parallel_degree=2"),
     "smp-sp-no-tp": ({"distribution": smp(sequence_parallel=True)}, {}, "sequence_parallel=True"),
     "smp-lp-no-tp": ({"distribution": smp(loss_parallel=True)}, {}, "loss_parallel=True"),
     "smp-ep-and-tp": ({"instance_count": 2, "distribution": smp(tensor_parallel_degree=2,
@@ -442,7 +455,8 @@ ML_CASES = {
     "ml-jobs-dir": ({"jobs_dir": "/tmp/x"}, {},
                     "local / local Docker options, not honoured by SageMaker jobs"),
     "ml-channel-dotdot": ({}, {"inputs": {"..": "s3://bucket/data"}}, "'..'"),
-    "ml-cp": ({"distribution": smp(ppn=None, context_parallel_degree=2)}, {}, "not available"),
+    "ml-cp": ({"distribution": smp(ppn=None, context_parallel_degree=3)}, {},
+              "context_parallel_degree=3 must divide the resolved hybrid_shard_degree=8"),
     "ml-sp": ({"distribution": smp(ppn=None, sequence_parallel=True)}, {},
               "sequence_parallel=True"),
     "ml-max-run": ({"max_run": 0}, {}, "max_run must be"),
@@ -478,6 +492,8 @@ CONTROLS = {
     "jobs-dir-new": ({"jobs_dir": lambda p: str(p.root / "elsewhere" / "jobs")}, {}),
     "hybrid-shard": ({"instance_count": 2, "distribution": smp(sharding_strategy="hybrid_shard")},
                      {}),
+    "context-parallel": ({"instance_count": 2, "distribution": smp(
+        context_parallel_degree=2, cp_comm_type="a2a", tensor_parallel_degree=2)}, {}),
 }
 
 # Command lines that must exit 2 with a message and no traceback ({src}, {data}: real paths).
