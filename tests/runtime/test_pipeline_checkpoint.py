@@ -1,12 +1,14 @@
 """A checkpoint saved by pp2 x dp2 (4 gloo ranks) resumes without pipelining on 2 ranks with the
-same losses, optimizer state included, and at pp4 on 4 ranks (three launches, ~40-90 s together
-on a loaded 2-core box)."""
+same losses, optimizer state included, and at pp4 on 4 ranks; one saved without pipelining
+resumes at pp2 x dp2; the pipelined model's full export equals the unpipelined model's (three
+launches, ~40-90 s together on a loaded 2-core box)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,7 +26,18 @@ def test_pp2_dp2_checkpoint_resumes_without_pipelining(torchrun, tmp_path: Path)
     assert (tmp_path / "step_00000002" / "config.json").is_file()
     expected = saved[0]["losses"]
     assert all(r["losses"] == expected for r in saved)
-    assert {r["pp_size"] for r in at_pp4} == {4}
+    assert {r["pp_size"] for r in at_pp4 if r["case"] == "load_pp4"} == {4}
+    # the checkpoint saved without pipelining (by "load") loads at pp2 x dp2
+    assert {r["pp_size"] for r in at_pp4 if r["case"] == "plain_to_pp2"} == {2}
+    assert len(at_pp4) == 8
     for row in loaded + at_pp4:
         errors = [abs(a - b) for a, b in zip(row["losses"], expected, strict=True)]
-        assert max(errors) <= PARITY, errors
+        assert max(errors) <= PARITY, (row["case"], errors)
+    # export_full_state_dict of the pipelined model: every stage, equal to the unpipelined
+    # model's export of the same weights (both taken at the save)
+    piped = load_file(tmp_path / "export_pp" / "model.safetensors")
+    plain = load_file(tmp_path / "export_plain" / "model.safetensors")
+    assert set(piped) == set(plain) == set(loaded[0]["names"])
+    for name, tensor in plain.items():
+        assert piped[name].shape == tensor.shape and bool((piped[name] == tensor).all()), name
+    assert (tmp_path / "export_pp" / "config.json").is_file()

@@ -1,11 +1,14 @@
-"""A pipelined checkpoint loads without pipelining: ``save DIR`` on 4 ranks, ``load DIR`` on 2,
-``load_pp4 DIR`` on 4 ranks at another pipeline degree.
+"""Checkpoints between pipeline layouts: ``save DIR`` on 4 ranks, ``load DIR`` on 2,
+``load_pp4 DIR`` on 4 ranks.
 
 save: pp2 x dp2 (hybrid_shard_degree 2 within each stage, 1F1B, 2 microbatches) trains a tiny
-HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, then trains on
-and reports the losses of the steps after the save. load: 2 ranks without pipelining (full
-shard) build the model from another seed, load_checkpoint and train the same steps; the losses
-must match (tests/runtime/test_pipeline_checkpoint.py).
+HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, exports the full
+state dict (DIR/export_pp), then trains on and reports the losses of the steps after the save.
+load: 2 ranks without pipelining (full shard) build the model from another seed,
+load_checkpoint, export (DIR/export_plain) and save again without pipelining (DIR/plain), then
+train the same steps. load_pp4: pp4 loads the pp2 x dp2 checkpoint (another pipeline degree),
+then, in the same launch, pp2 x dp2 loads the checkpoint saved without pipelining. The losses
+and the exports must match (tests/runtime/test_pipeline_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pipeline_parity import GLOBAL_BATCH, LR, STEPS, build, data, loss_fn
 from report import report
 
 import meshtrain_runtime as mr
+from meshtrain_runtime.checkpoint import export_full_state_dict
 
 SAVE_AT = 2
 PARAMETERS = {
@@ -25,6 +29,7 @@ PARAMETERS = {
     "load": {},  # 2 ranks, full shard, no pipelining
     "load_pp4": {"pipeline_parallel_degree": 4, "microbatches": 4},  # another pp degree
 }
+PLAIN_TO_PP = PARAMETERS["save"]  # the checkpoint saved without pipelining, loaded at pp2 x dp2
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -43,19 +48,30 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def main(mode: str, directory: str) -> None:
-    saving = mode == "save"
-    mr.init(PARAMETERS[mode])
+    run(mode, PARAMETERS[mode], directory)
+    if mode == "load_pp4":  # a second case in the same launch
+        mr.reset()
+        run("plain_to_pp2", PLAIN_TO_PP, f"{directory}/plain")
+
+
+def run(case: str, parameters: dict, directory: str) -> None:
+    saving = case == "save"
+    mr.init(parameters)
     torch.manual_seed(0)
     model = mr.transform(build("llama") if saving else _other_seed())
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     if saving:
         train_steps(model, optimizer, range(SAVE_AT))
         mr.save_checkpoint(directory, model, optimizer, step=SAVE_AT)
+        export_full_state_dict(model, f"{directory}/export_pp")
     else:
         info = mr.load_checkpoint(directory, model, optimizer)
         assert info["step"] == SAVE_AT, info
+    if case == "load":  # the unpipelined model's export, and a checkpoint saved without PP
+        export_full_state_dict(model, f"{directory}/export_plain")
+        mr.save_checkpoint(f"{directory}/plain", model, optimizer, step=SAVE_AT)
     losses = train_steps(model, optimizer, range(SAVE_AT, STEPS))
-    report({"case": mode, "losses": losses, "pp_size": mr.state.pp_size,
+    report({"case": case, "losses": losses, "pp_size": mr.state.pp_size,
             "names": sorted(n for n, _ in model.named_parameters())})
 
 
