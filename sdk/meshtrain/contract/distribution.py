@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.fault_tolerance import FaultTolerance
 from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES, check_pipeline
 
 ShardingStrategy = Literal[
@@ -202,6 +203,10 @@ class TorchDistributed(_Strict):
     """meshtrain extension: seconds without progress (a completed collective, backward pass or
     optimizer step; start-up has its own allowance, docs/local-jobs.md) after which every rank
     dumps its stack and the job fails naming the rank the others wait for."""
+    fault_tolerance: FaultTolerance | None = None
+    """meshtrain extension: replica groups that fail alone and heal from a live peer
+    (docs/fault-tolerance.md); checked against the cluster by
+    ``meshtrain.contract.fault_tolerance.check_fault_tolerance``."""
 
 
 class ModelParallel(_Strict):
@@ -370,6 +375,7 @@ def known_smp_keys() -> list[str]:
 _KNOWN_KEYS = {
     "": ["torch_distributed", "smdistributed"],
     "torch_distributed": list(TorchDistributed.model_fields),
+    "torch_distributed.fault_tolerance": list(FaultTolerance.model_fields),
     "smdistributed": ["modelparallel"],
     "smdistributed.modelparallel": list(ModelParallel.model_fields),
     "smdistributed.modelparallel.parameters": list(SMPParameters.model_fields),
