@@ -7,6 +7,7 @@ ships (entry_point, source_dir, dependencies) in estimator_sources.py.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import sys
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.fault_tolerance import check_fault_tolerance, check_fault_tolerance_platform
 from meshtrain.contract.support import (
     check_build_support,
     check_cpu_offload,
@@ -87,7 +89,22 @@ def check_cluster(
             device_type = "cuda" if local_gpu_count() else "cpu"
             check_cpu_offload(config.smp.cpu_offload, device_type)
             check_fp8_device(config.smp.fp8, device_type)
+    if config.torch_distributed.fault_tolerance is not None:
+        check_fault_tolerance(config, instance_count=instance_count, processes_per_host=per_host,
+                              degrees=degrees)
+        check_fault_tolerance_target(target)
     return config, world, degrees
+
+
+def check_fault_tolerance_target(target: Target) -> None:
+    """torchft installs on Linux x86_64 only: this machine's targets, and Graviton (arm64)
+    instance types (a digit then "g" in the family: c7g, m6gd), are checked here."""
+    if target.on_this_machine:
+        check_fault_tolerance_platform(platform.system(), platform.machine(),
+                                       where="this machine")
+    elif target.instance is not None and re.search(r"\dg", target.instance.family):
+        check_fault_tolerance_platform("Linux", "aarch64",
+                                       where=f"instance_type={target.instance_type!r} (Graviton)")
 
 
 def _check_processes_need_torchrun(config: DistributionConfig) -> None:
