@@ -88,6 +88,17 @@ def check_restarts_supported(max_restarts: int, target: str) -> None:
             "latest_checkpoint() in a new job.")
 
 
+def check_fault_tolerance_supported(replica_groups: int | None, target: str, why: str) -> None:
+    """A target that cannot restart one replica group alone refuses
+    torch_distributed.fault_tolerance; `why` says what it lacks."""
+    if replica_groups:
+        raise ConfigError(
+            f"torch_distributed.fault_tolerance (replica_groups={replica_groups}) is not run on "
+            f"{target}: {why}. Run it as local processes or on Slurm, or remove fault_tolerance "
+            "(max_restarts restarts every host from the last checkpoint where the target "
+            "supports it).")
+
+
 def check_stop_grace_supported(grace_seconds: int, target: str, limit: int) -> None:
     """A target that SIGKILLs `limit` seconds after SIGTERM refuses a longer grace period."""
     if grace_seconds > limit:
