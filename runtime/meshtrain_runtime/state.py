@@ -34,6 +34,7 @@ from meshtrain.contract.env import SM_HOST_COUNT
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.hyperparameters import decode_mp_parameters
 from meshtrain.contract.mesh_axes import DENSE_AXES, EXPERT_AXES, MeshAxis, axis_names
+from meshtrain_runtime import fault
 from meshtrain_runtime.mesh import Meshes, build_meshes
 
 MESH_AXES = axis_names(DENSE_AXES)
@@ -61,6 +62,11 @@ class RuntimeState:
     ep_process_group: dist.ProcessGroup | None
     rep_rank_process_group: dist.ProcessGroup
     owns_process_group: bool
+    replica_group: int = 0
+    """Fault tolerance (meshtrain_runtime.fault): this rank's replica group, its own torchrun
+    world; 0 without."""
+    replica_groups: int = 1
+    """Fault tolerance: the job's replica groups (N); 1 without."""
 
     # --- degrees (SMP names and aliases) ---
     @property
@@ -174,14 +180,16 @@ class RuntimeState:
 
     @property
     def dp_size(self) -> int:
-        """Ranks that see different rows: world / (pp x tp x cp) (cp ranks split one row)."""
-        return self.degrees.dp_size
+        """Ranks that see different rows: world / (pp x tp x cp) (cp ranks split one row); with
+        fault-tolerant replica groups the whole job's (N x the group's), fixed through failures."""
+        return self.degrees.dp_size * self.replica_groups
 
     @property
     def dp_rank(self) -> int:
         """Which rows this rank reads: its ``replicate x shard`` index // cp (without pp,
         ``rank // (tp x cp)``, as AWS's SMP scripts compute it)."""
-        return self.meshes.coordinate(MeshAxis.DP) // self.cp_size
+        local = self.meshes.coordinate(MeshAxis.DP) // self.cp_size
+        return self.replica_group * self.degrees.dp_size + local  # group g's rows come g-th
 
 
 _current: RuntimeState | None = None
@@ -250,6 +258,7 @@ def init(config: ConfigSource = None) -> RuntimeState:
     device = _select_device()
     _created_process_group = _ensure_process_group(device) or _created_process_group
     _current = build_state(params, device=device, owns_process_group=_created_process_group)
+    _current = fault.start(_current)  # replica groups' quorum (a no-op without fault tolerance)
     return _current
 
 
