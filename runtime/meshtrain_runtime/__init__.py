@@ -13,6 +13,8 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``global_mean(loss)`` — meshtrain_runtime.metrics (a loss averaged over every rank)
 - ``forward_backward(model, inputs, targets, loss_fn=fn)`` — meshtrain_runtime.step (one
   step's forward and backward for every layout, pipelined or not)
+- ``context_parallel_shard(*tensors, seq_dim=1, cp_rank, cp_size)`` —
+  meshtrain_runtime.parallel.context (a batch split into a context-parallel rank's chunks)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from meshtrain_runtime.data import build_sampler, shard_dataset
     from meshtrain_runtime.grad import clip_grad_norm_, grad_scaler
     from meshtrain_runtime.metrics import global_mean
+    from meshtrain_runtime.parallel.context import context_parallel_shard
     from meshtrain_runtime.parallelize import transform
     from meshtrain_runtime.state import init, is_initialized, reset
     from meshtrain_runtime.step import forward_backward
@@ -50,11 +53,13 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "stop_requested": ("meshtrain_runtime.stopping", "stop_requested"),
     "global_mean": ("meshtrain_runtime.metrics", "global_mean"),
     "forward_backward": ("meshtrain_runtime.step", "forward_backward"),
+    "context_parallel_shard": ("meshtrain_runtime.parallel.context", "context_parallel_shard"),
 }
 
 __all__ = [
     "build_sampler",
     "clip_grad_norm_",
+    "context_parallel_shard",
     "forward_backward",
     "global_mean",
     "grad_scaler",
