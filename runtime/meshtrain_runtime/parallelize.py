@@ -21,6 +21,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain.contract.support import check_build_support
+from meshtrain_runtime import fault
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.delayed_init import (
     InitFn,
@@ -120,6 +121,7 @@ def transform(
         apply_compile(model, block_list)
     model = _apply_data_parallel(model, st, block_list)
     _materialise(model, st, load_state_dict_from_rank0, rank0_weights, init_weights)
+    fault.attach_model(model)  # replica groups: quorum, gradient average, healing
     return model
 
 
