@@ -36,7 +36,7 @@ ATTN_CASES = [
     f"attn/cp{cp}/{comm}/{mode}/{layout}/{heads}"
     for cp, comm, mode, layout, heads in itertools.product(
         [2, 4], COMMS, ["causal", "full"], LAYOUTS, ["mha", "gqa"])
-]
+] + [f"attn/cp1/{comm}/causal/load_balanced/gqa" for comm in COMMS]  # a group of one
 DISPATCH_CASES = [f"dispatch/cp{cp}/{comm}" for cp in (2, 4) for comm in COMMS]
 UNSHARD_CASES = [f"unshard/cp{cp}/{layout}" for cp in (2, 4) for layout in LAYOUTS]
 ALL_CASES = [*ATTN_CASES, *DISPATCH_CASES, "mask/cp2", *UNSHARD_CASES, "refusals/cp2"]

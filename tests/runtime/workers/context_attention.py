@@ -2,12 +2,14 @@
 
 Usage (through tests/runtime/conftest.py's run_torchrun, 4 ranks):
     context_attention.py CASE [CASE ...]
-CASE is ``attn/cp{2,4}/{p2p,all_gather,a2a}/{causal,full}/{load_balanced,contiguous}/{mha,gqa}``
-(cp2 runs as two groups of 2 ranks, [0, 1] and [2, 3], side by side), ``dispatch/cp{2,4}/COMM``
-(a plain module calling F.scaled_dot_product_attention under sdpa_dispatch), ``mask/cp2``
-(the local causal mask read as is_causal), ``refusals/cp2`` (ConfigErrors raised on every rank
-before any communication) or ``unshard/cp{2,4}/LAYOUT``. Rank 0 reports, per case, the largest
-error over all ranks of both cp2 groups.
+CASE is one of
+- ``attn/cp{1,2,4}/{p2p,all_gather,a2a}/{causal,full}/{load_balanced,contiguous}/{mha,gqa}``
+  (cp2 runs as two groups of 2 ranks, [0, 1] and [2, 3], side by side; cp1 as 4 of 1 rank);
+- ``dispatch/cp{2,4}/COMM``: a plain module calling F.scaled_dot_product_attention under
+  sdpa_dispatch; ``mask/cp2``: the same with the local causal mask read as is_causal;
+- ``refusals/cp2``: ConfigErrors raised on every rank before any communication;
+- ``unshard/cp{2,4}/LAYOUT``.
+Rank 0 reports, per case, the largest error over all ranks (both cp2 groups included).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ _GROUPS: dict[int, tuple[dist.ProcessGroup, int]] = {}
 
 
 def build_groups() -> None:
-    """cp4: the world; cp2: [0, 1] and [2, 3] (every rank creates both, as new_group needs)."""
+    """cp4: the world; cp2: [0, 1] and [2, 3]; cp1: each rank alone (every rank creates
+    every group, as new_group needs)."""
     rank = dist.get_rank()
+    _GROUPS[1] = ([dist.new_group([r]) for r in range(4)][rank], 0)
     _GROUPS[4] = (dist.new_group([0, 1, 2, 3]), rank)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     _GROUPS[2] = (pairs[rank // 2], rank % 2)

@@ -95,10 +95,11 @@ class RingAttention(torch.autograd.Function):
             dq, dk, dv = backward_blocks(q, kk, vv, grad_out, stats, blocks, geo.scale)
             dq_total += dq
             grads = pack(dk, dv) if pending is None else pending.wait() + pack(dk, dv)
-            pending = RingExchange(grads, geo.group, GRAD_TAG)  # to the block's next holder
+            if geo.size > 1:  # to the block's next holder; after cp hops, to its owner
+                pending = RingExchange(grads, geo.group, GRAD_TAG)
             if exchange is not None:
                 buffer = exchange.wait()
-        dk, dv = unpack(pending.wait(), k, v)  # after cp hops: this rank's own block
+        dk, dv = unpack(grads if pending is None else pending.wait(), k, v)
         return dq_total.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
