@@ -3,10 +3,11 @@
 The order (design.md) lives in one short function, one line per stage:
 model converters (the parameter dtype; float8 linears in the blocks with ``fp8: true``) ->
 the pipeline split (``pipeline_parallel_degree`` > 1: this rank's stages, parallel/pipeline.py) ->
-tensor / expert parallelism -> activation checkpointing / offloading ->
+tensor / expert parallelism -> context parallelism (``context_parallel_degree`` > 1: attention
+across the cp ranks, parallel/context_apply.py) -> activation checkpointing / offloading ->
 per-block torch.compile (``compile: true``) -> FSDP2 (experts over their own mesh first, then
-blocks and root) -> materialisation of meta-device models. Context parallelism is not part of
-this build: asking for it raises a ConfigError before the model is touched.
+blocks and root; the sharding group holds the cp ranks, so gradients are reduced over dp x cp)
+-> materialisation of meta-device models.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ from meshtrain_runtime.parallel.activations import (
 )
 from meshtrain_runtime.parallel.blocks import BlockSpec, find_blocks
 from meshtrain_runtime.parallel.compile import apply_compile, check_compile
+from meshtrain_runtime.parallel.context_apply import (
+    ContextSettings,
+    apply_context_parallel,
+    check_comm_type,
+)
 from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
 from meshtrain_runtime.parallel.expert_tp import tp_plan_without_experts
 from meshtrain_runtime.parallel.float8 import apply_float8, check_fp8
@@ -70,6 +76,7 @@ def transform(
     dtype: torch.dtype | None = None,
     load_state_dict_from_rank0: bool = False,
     init_weights: InitFn | None = None,
+    cp_comm_type: str | None = None,
 ) -> nn.Module:
     """Parallelise `model` per the parameters given to `init()`; returns the same module.
 
@@ -87,12 +94,17 @@ def transform(
       rank ends with its shard of rank 0's weights.
     - `init_weights(module)`: initialises one module's own tensors when a meta-device model
       has neither HF ``_init_weights`` nor ``reset_parameters``.
+    - `cp_comm_type`: "p2p", "all_gather" or "a2a" (SMP's ``tsm.transform`` argument); default:
+      the ``cp_comm_type`` parameter. Used when ``context_parallel_degree > 1``: the model then
+      runs on its cp rank's chunks (docs/context-parallel.md).
 
     Create the optimizer after `transform` (its parameters are the sharded DTensors).
     """
     st = runtime_state.current()
     moe_config = _resolve_moe_config(moe_config, config)
     _check_request(model, st, device, load_state_dict_from_rank0)
+    cp_comm_type = cp_comm_type if cp_comm_type is not None else st.config.cp_comm_type
+    check_comm_type(cp_comm_type)
     model = apply_converters(model, dtype=dtype)
     rank0_weights = _rank0_state_dict(model, st) if load_state_dict_from_rank0 else None
     block_list = find_blocks(model, blocks)  # after converters, before any class swap
@@ -115,6 +127,9 @@ def transform(
     # modules, so this rank's stages are split too), then only the stages are kept.
     model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
     model = staged if staged is not None else model
+    if st.context_parallel_degree > 1:  # before checkpointing: its recompute attends across cp
+        apply_context_parallel(model, block_list, ContextSettings(
+            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type))
     if activation_kwargs is not None:
         apply_activation_checkpointing(model, block_list, **activation_kwargs)
     if st.config.compile:  # after TP/EP and checkpointing, before FSDP2 (torchtitan's order)
@@ -198,12 +213,15 @@ def _apply_data_parallel(
 
 
 def uses_fsdp(st: runtime_state.RuntimeState, options: FSDPOptions) -> bool:
-    """False only for tensor parallelism alone (one data-parallel rank) with no FSDP policy.
+    """False only for one data-parallel rank under tensor or pipeline parallelism (each rank
+    then holds its own part of the model) with no FSDP policy.
 
-    FSDP over a group of one would only copy every parameter into a gather buffer and back.
+    FSDP over a group of one would only copy every parameter into a gather buffer and back
+    (with pipelining at pp2 on 2 ranks: 5-7 % of a step, benchmarks/RESULTS.md run 16).
     Mixed precision and CPU offload are FSDP policies, so they keep FSDP (over one rank).
     """
-    if st.tensor_parallel_degree == 1 or st.degrees.data_parallel_degree > 1:
+    split = st.tensor_parallel_degree > 1 or st.pipeline_parallel_degree > 1
+    if not split or st.degrees.data_parallel_degree > 1:
         return True
     casts = options.mp_policy.param_dtype is not None
     return casts or isinstance(options.offload_policy, CPUOffloadPolicy)

@@ -5,6 +5,9 @@ gradient accumulation over equal chunks, the same gradients). With pipelining it
 schedule (torch.distributed.pipelining) over ``microbatches`` chunks: the first stage takes the
 inputs, the last computes ``fn`` per microbatch, and the mean loss is sent from the last stage's
 rank to every rank of the pipeline, so all ranks of one data-parallel rank return the same value.
+With context parallelism (cp > 1) it takes FULL sequences, keeps this cp rank's chunks
+(``context_parallel_shard``, SMP's load-balanced layout) and weights each chunk's loss by its
+count of targets other than -100, so loss and gradients are one process's over whole sequences.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from torch.distributed.pipelining import PipelineStage, schedules
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES
-from meshtrain_runtime import fault
 from meshtrain_runtime import state as runtime_state
+from meshtrain_runtime.parallel.context import context_parallel_shard
 from meshtrain_runtime.parallel.pipeline import PipelineModule
 
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+IGNORE_INDEX = -100  # cross-entropy's: targets that count for nothing
 
 
 def forward_backward(
@@ -37,6 +41,12 @@ def forward_backward(
     `loss_fn(output, targets)` returns the mean loss of what it is given (`output` is the logits
     tensor; a Hugging Face output's ``.logits``). Returns a detached 0-dim float32 tensor: the
     equal-weight mean of `loss_fn` over the microbatches; the gradients are those of that mean.
+
+    With ``context_parallel_degree > 1`` every cp rank passes the same full rows (its
+    data-parallel rank's); targets are position-aligned (already shifted), sequence on dim 1,
+    whose length divides by 2 x cp. Each chunk's `loss_fn` value is weighted by its targets
+    other than -100 (cross-entropy's ignore_index), and every cp rank returns the loss over the
+    whole rows.
     """
     st = runtime_state.current()
     microbatches = st.config.microbatches
@@ -48,6 +58,8 @@ def forward_backward(
             "data-parallel rank (the batch size), or change microbatches.")
     if isinstance(model, PipelineModule):
         return _pipelined(model, st, inputs, targets, loss_fn)
+    if st.context_parallel_degree > 1:
+        return _context_parallel(model, st, inputs, targets, loss_fn)
     return _accumulated(model, inputs, targets, loss_fn, microbatches)
 
 
@@ -65,7 +77,37 @@ def _accumulated(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss = loss_fn(_logits(model(x)), y) / microbatches
         loss.backward()
         total += loss.detach().float()
-    fault.note_loss(total)  # the step's JSON line with replica groups
+    return total
+
+
+def _context_parallel(model: nn.Module, st: runtime_state.RuntimeState, inputs: torch.Tensor,
+                      targets: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+    """Each microbatch: this cp rank's chunks, its loss weighted by its share of the targets.
+
+    FSDP averages gradients over the cp ranks (they are in the sharding group), so a rank whose
+    chunks hold n of the rows' N counted targets backpropagates loss x n x cp / N: the mean over
+    the cp ranks is then sum(n x loss) / N, one process's mean over the whole rows.
+    """
+    microbatches, group = st.config.microbatches, st.cp_process_group
+    total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+    chunks = zip(inputs.chunk(microbatches), targets.chunk(microbatches), strict=True)
+    for index, (x, y) in enumerate(chunks):
+        if isinstance(model, FSDPModule):  # reduce gradients once, after the last chunk
+            model.set_requires_gradient_sync(index == microbatches - 1)
+        (x, y), _ = context_parallel_shard(x, y, seq_dim=1, cp_rank=st.cp_rank,
+                                           cp_size=st.cp_size)
+        counted = (y != IGNORE_INDEX).sum().to(torch.float32)
+        whole = counted.clone()
+        dist.all_reduce(whole, group=group)
+        share = counted / whole.clamp(min=1) / microbatches
+        logits = _logits(model(x))
+        if counted.item() == 0:  # a mean over no targets is nan: contribute zero gradients
+            (logits.sum() * 0).backward()
+            continue
+        loss = loss_fn(logits, y)
+        (loss * share * st.cp_size).backward()
+        total += loss.detach().float() * share
+    dist.all_reduce(total, group=group)
     return total
 
 

@@ -1,0 +1,151 @@
+"""Context-parallel layouts on 4 gloo ranks vs one process, in one torchrun launch (issue 31).
+
+Every layout trains a tiny HF Llama and a plain module calling F.scaled_dot_product_attention
+(context_parallel_models.py) for STEPS AdamW steps, both ways in:
+
+- (a) the script splits each row with ``context_parallel_shard`` and calls the model itself:
+  the Llama with HF's ``labels=`` (meshtrain shifts them over the whole sequence and injects
+  the chunks' global position_ids), the plain module with position-aligned targets;
+- (b) ``forward_backward`` with full sequences and targets, the first IGNORED of each row -100.
+
+Each rank reports the mean over every rank of its step losses (what a script would log);
+rank 0 also reports the single-process references, the cp groups and the refusals.
+tests/runtime/test_context_parallel.py asserts on the records.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from context_parallel_models import (
+    LR,
+    SDPA_TP_PLAN,
+    STEPS,
+    batch,
+    build,
+    hf_labels_loss,
+    logits_of,
+    loss_fn,
+    reference,
+    targets_b,
+)
+from report import report
+
+import meshtrain_runtime as mr
+from meshtrain.errors import ConfigError
+from meshtrain_runtime.parallel.context import context_parallel_shard
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "cp2_hsdp_p2p": {"context_parallel_degree": 2, "hybrid_shard_degree": 2},
+    "cp4_p2p": {"context_parallel_degree": 4},
+    "cp2_dp2_shard4_p2p": {"context_parallel_degree": 2},
+    "cp2_tp2_p2p": {"context_parallel_degree": 2, "tensor_parallel_degree": 2},
+    "cp2_checkpointing_p2p": {"context_parallel_degree": 2, "activation_checkpointing": True},
+    "cp2_all_gather": {"context_parallel_degree": 2, "cp_comm_type": "all_gather"},
+    "cp2_a2a": {"context_parallel_degree": 2, "cp_comm_type": "a2a"},
+    "cp4_all_gather": {"context_parallel_degree": 4, "cp_comm_type": "all_gather"},
+}
+
+
+def rows_of(step: int) -> torch.Tensor:
+    st = mr.state
+    return batch(step).chunk(st.dp_size)[st.dp_rank]
+
+
+def step_a(model: torch.nn.Module, name: str, rows: torch.Tensor) -> torch.Tensor:
+    st = mr.state
+    if name == "llama":  # HF's labels=: the model shifts them, across chunk borders
+        (ids,), _ = context_parallel_shard(rows[:, :-1], cp_rank=st.cp_rank, cp_size=st.cp_size)
+        loss = hf_labels_loss(model, ids)
+    else:
+        (x, y), _ = context_parallel_shard(rows[:, :-1], rows[:, 1:], cp_rank=st.cp_rank,
+                                           cp_size=st.cp_size)
+        loss = loss_fn(logits_of(model(x)), y)
+    loss.backward()
+    return loss.detach()
+
+
+def train(layout: str, name: str, way: str) -> None:
+    st = mr.state
+    tp_plan = SDPA_TP_PLAN if name == "custom" and st.tensor_parallel_degree > 1 else None
+    model = mr.transform(build(name), tp_plan=tp_plan)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, returned = [], []
+    for step in range(STEPS):
+        rows = rows_of(step)
+        if way == "a":
+            loss = step_a(model, name, rows)
+        else:
+            loss = mr.forward_backward(model, rows[:, :-1], targets_b(rows), loss_fn=loss_fn)
+        optimizer.step()
+        optimizer.zero_grad()
+        returned.append(float(loss))
+        total = loss.clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / st.world_size)
+    report({"case": "layout", "layout": layout, "model": name, "way": way, "losses": losses,
+            "returned": returned, "dp_rank": st.dp_rank, "cp_rank": st.cp_rank})
+
+
+def run_layout(layout: str) -> None:
+    mr.init(LAYOUTS[layout])
+    st = mr.state
+    report({"case": "groups", "layout": layout, "cp_rank": st.cp_rank, "cp_size": st.cp_size,
+            "context_parallel_degree": st.context_parallel_degree, "dp_rank": st.dp_rank,
+            "dp_size": st.dp_size,
+            "cp_ranks": dist.get_process_group_ranks(st.cp_process_group)})
+    for name in ("llama", "custom"):
+        for way in ("a", "b"):
+            train(layout, name, way)
+    mr.reset()
+
+
+def refusal(case: str, params: dict[str, Any], action: Any) -> None:
+    mr.init(params)
+    try:
+        action()
+        record = {"case": case, "error": None}
+    except ConfigError as error:
+        record = {"case": case, "error": str(error)}
+    if dist.get_rank() == 0:
+        report(record)
+    mr.reset()
+
+
+def report_refusals() -> None:
+    cp4 = {"context_parallel_degree": 4}
+
+    def odd_sequence() -> None:
+        model = mr.transform(build("custom"))
+        rows = batch(0)[:, :-2]  # inputs of 14 tokens: not a multiple of 2 x 4
+        mr.forward_backward(model, rows[:, :-1], rows[:, 1:], loss_fn=loss_fn)
+
+    refusal("a2a_heads", {**cp4, "cp_comm_type": "a2a"}, lambda: mr.transform(build("llama")))
+    refusal("odd_sequence", cp4, odd_sequence)
+    refusal("comm_type", cp4, lambda: mr.transform(build("custom"), cp_comm_type="ring"))
+
+    def padding_mask() -> None:
+        model = mr.transform(build("llama"))
+        ids = batch(0)[:, :8]
+        model(input_ids=ids, attention_mask=torch.zeros_like(ids))
+
+    refusal("padding_mask", cp4, padding_mask)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if os.environ.get("RANK", "0") == "0":
+        for name in ("llama", "custom"):
+            for way in ("a", "b"):
+                report({"case": "reference", "model": name, "way": way,
+                        "losses": reference(name, way)})
+    for layout in LAYOUTS:
+        run_layout(layout)
+    report_refusals()
+
+
+if __name__ == "__main__":
+    main()
