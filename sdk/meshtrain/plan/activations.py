@@ -32,7 +32,14 @@ Tensor parallelism (HF plans: q/k/v/gate/up column-wise, o/down row-wise) splits
 intermediate dim. With sequence parallelism norms run on a sequence shard, but torch saves the
 all-gathered input of each column-wise projection, so those stay full size (Megatron saves the
 shard and gathers again in backward; the ``gpt`` family keeps the paper's convention).
-Context parallelism splits the sequence.
+
+Context parallelism splits the sequence: every term counts the rank's ``s / cp`` tokens. Its
+attention (meshtrain_runtime.parallel.context) replaces the model's own, eager or SDPA: it saves
+the local q, k and v (k and v with the key/value heads, never repeated), its output (heads
+first) and the fp32 log-sum-exp per head and token, as SDPA does; no ``s x s`` scores, since the
+blocks are recomputed in backward. Its output is then copied to (b, s, heads, d) for the output
+projection, which saves that copy: the output counts twice. With ``a2a`` the saved q, k, v and
+output are the all-to-all's (heads / cp over the whole sequence: the same bytes).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class _Shape:
     act: int
     sp_div: int
     tp: int
+    cp: int = 1
 
     @property
     def t(self) -> int:
@@ -154,7 +162,7 @@ def activation_bytes(
         raise ConfigError(f"seq_len={seq_len} is not divisible by context_parallel_degree="
                           f"{context_parallel_degree}.")
     shape = _shape(model, seq_len // context_parallel_degree, micro_batch, ACT_BYTES[precision],
-                   tensor_parallel_degree, sequence_parallel)
+                   tensor_parallel_degree, sequence_parallel, context_parallel_degree)
     layer = _layer_terms(model, shape, selective=recompute == "selective")
     num_ckpt = math.ceil(model.num_layers / checkpoint_interval) if recompute == "full" else 0
     on_gpu = min(loading_horizon, num_ckpt) if offload and num_ckpt else num_ckpt
@@ -187,11 +195,11 @@ def _encoder_decoder(model: ModelSpec, s_enc: int, s_dec: int, b: int, c: int,
     )
 
 
-def _shape(model: ModelSpec, s: int, b: int, act: int, tp: int, sp: bool) -> _Shape:
+def _shape(model: ModelSpec, s: int, b: int, act: int, tp: int, sp: bool, cp: int = 1) -> _Shape:
     return _Shape(b=b, s=s, h=model.hidden_size, a=model.num_attention_heads / tp,
                   kv=model.num_key_value_heads / tp, d=model.attention_head_dim,
                   i=model.intermediate_size / tp, v=model.vocab_size, act=act,
-                  sp_div=tp if sp else 1, tp=tp)
+                  sp_div=tp if sp else 1, tp=tp, cp=cp)
 
 
 def _layer_terms(model: ModelSpec, x: _Shape, *, selective: bool) -> dict[str, float]:
@@ -222,6 +230,10 @@ def _norm(model: ModelSpec, x: _Shape) -> float:
 
 def _attention(model: ModelSpec, x: _Shape, selective: bool) -> dict[str, float]:
     q = x.act * x.t * x.a * x.d
+    if x.cp > 1:  # the context-parallel attention replaces eager and SDPA alike
+        kv = 2 * x.act * x.t * x.kv * x.d
+        return {"attention_qkv": q + kv, "attention_out": 2 * q,
+                "attention_lse": _F32 * x.b * x.a * x.s}
     if model.attention == "sdpa":
         kv = 2 * x.act * x.t * x.kv * x.d
         lse = _F32 * x.b * x.a * x.s
@@ -260,7 +272,8 @@ def _gpt_layer(model: ModelSpec, x: _Shape, selective: bool) -> dict[str, float]
         "dropout_masks": 2 * sbh / sp,
     }
     if not selective:
-        scores = x.b * x.a * x.s * x.s  # a is already divided by t
+        # a is already divided by t; under cp the local queries score the whole sequence
+        scores = x.b * x.a * x.s * x.s * x.cp
         terms["attention_scores"] = act * scores + scores + act * scores  # softmax, mask, dropout
     return terms
 

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.cluster import Cluster, build_cluster
+from meshtrain.plan.context import CP_COMM_TYPES
 from meshtrain.plan.layouts import PipelineOptions, Plan, plan_layouts, smallest_fitting_count
 from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
 from meshtrain.plan.models import PRESETS, ModelSpec, llama_shaped, resolve_model
@@ -100,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--pipeline-schedule", choices=PLANNED_SCHEDULES, default="1F1B",
                      help="pipeline layouts' schedule (default 1F1B); the interleaved and ZBV "
                           "ones run 2 stages per rank")
+    run.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
+                     help="context-parallel layouts' attention exchange: p2p (a ring of "
+                          "key/value sends, default), all_gather or a2a (Ulysses all-to-all of "
+                          "heads); --seq-len must divide into 2 x cp chunks")
     run.add_argument("--convention", choices=("zero", "smp"), default="zero",
                      help="bytes per parameter: zero=16 (default), smp=20 (with Adam)")
     run.add_argument("--compute-efficiency", type=float, default=0.4,
@@ -223,7 +228,7 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, Callable[[int], Cluster]
                         decoder_seq_len=getattr(args, "decoder_seq_len", None))
     cluster, build = cluster_from_args(args)
     return plan_layouts(model, cluster, training, reshard_from_args(args),
-                        pipeline_from_args(args)), build
+                        pipeline_from_args(args), getattr(args, "cp_comm_type", "p2p")), build
 
 
 def pipeline_from_args(args: argparse.Namespace) -> PipelineOptions:
@@ -252,7 +257,8 @@ def run_plan(args: argparse.Namespace) -> int:
         bigger = smallest_fitting_count(plan.model, plan.training, build,
                                         above=plan.cluster.num_nodes,
                                         reshard=reshard_from_args(args),
-                                        pipeline=pipeline_from_args(args))
+                                        pipeline=pipeline_from_args(args),
+                                        cp_comm_type=plan.cp_comm_type)
     if args.json:
         data = plan_to_dict(plan, top=top,
                             smallest_fitting_node_count=None if bigger is None else bigger[0])

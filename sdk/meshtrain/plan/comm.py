@@ -27,8 +27,9 @@ Per step (one micro-batch each, as the runtime runs it):
 - Expert parallelism, per MoE layer: dispatch and combine all-to-alls in forward and backward;
   with TP x EP each tp rank dispatches 1/t of the tokens, and the outputs (forward) and input
   gradients (backward) are all-gathered over tp.
-- Context parallelism ("all_gather" type), per layer: all-gather k and v in forward,
-  reduce-scatter their gradients in backward.
+- Context parallelism, per layer, by ``cp_comm_type``: the ring's (p2p) sends of k, v and
+  their gradients, all_gather's all-gather of k and v and reduce-scatter of their gradients, or
+  a2a's all-to-alls of q, k, v and the output (derived in meshtrain.plan.context).
 
 Rank layout (meshtrain's contract): replicate x shard x tp with TP innermost, so a TP group is
 ``t`` consecutive ranks, a shard group ``S`` ranks ``t`` apart, a replicate group ``R`` ranks
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.cluster import Cluster
+from meshtrain.plan.context import context_layer_bytes
 from meshtrain.plan.encdec import decoder_seq_len, encdec_flops
 from meshtrain.plan.memory import (
     REDUCE_BYTES,
@@ -112,7 +114,7 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
 def communication_volumes(
     model: ModelSpec, degrees: ResolvedDegrees, training: Training, *,
     recompute: bool | float = False, loss_parallel: bool = False, sequence_parallel: bool = False,
-    reshard_after_forward: bool | None = None,
+    reshard_after_forward: bool | None = None, cp_comm_type: str = "p2p",
 ) -> CommVolumes:
     """Bytes one GPU sends per step under `degrees` (see the module docstring).
 
@@ -122,6 +124,8 @@ def communication_volumes(
     of the vectors TP keeps whole.
     `reshard_after_forward`: the runtime's key resolved (None: the strategy's default); groups
     that reshard after forward are gathered again in backward.
+    `cp_comm_type`: how context-parallel attention exchanges k and v ("p2p", "all_gather",
+    "a2a"; meshtrain.plan.context).
     """
     recompute = float(recompute)
     dense, expert, once = _local_elements(model, degrees)
@@ -145,7 +149,8 @@ def communication_volumes(
         tensor_parallel=_tensor_parallel(model, degrees, training, recompute, loss_parallel,
                                          sequence_parallel),
         expert_all_to_all=_expert_parallel(model, degrees, training, recompute),
-        context_parallel=_context_parallel(model, degrees, training, recompute),
+        context_parallel=_context_parallel(model, degrees, training, recompute,
+                                            cp_comm_type),
     )
 
 
@@ -202,16 +207,15 @@ def _expert_parallel(
 
 
 def _context_parallel(
-    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: float
+    model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: float,
+    comm_type: str,
 ) -> float:
-    cp = degrees.context_parallel_degree
-    if cp == 1:
-        return 0.0
-    kv_heads = model.num_key_value_heads / degrees.tensor_parallel_degree
-    local_kv = 2 * training.compute_bytes * _tokens(degrees, training) * kv_heads \
-        * model.attention_head_dim
-    per_layer = (2 + recompute) * all_gather_bytes(cp, cp * local_kv)
-    return model.num_layers * per_layer
+    layer = context_layer_bytes(model, cp=degrees.context_parallel_degree,
+                                tokens=_tokens(degrees, training),
+                                compute_bytes=training.compute_bytes,
+                                tensor_parallel_degree=degrees.tensor_parallel_degree,
+                                comm_type=comm_type)
+    return layer.per_step(model.num_layers, recompute)
 
 
 def group_bandwidth(cluster: Cluster, size: int, stride: int) -> float:

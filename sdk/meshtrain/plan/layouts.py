@@ -7,9 +7,12 @@ every hybrid_shard_degree dividing the data-parallel size, with FSDP's default s
 with shard_grad_op (without sharding: no_shard keeping its gathered parameters between forward
 and backward, and resharding them after forward); expert parallelism dividing the shard degree
 (shard x tp with TP: the EP group is folded over both) and the experts (MoE only); activation
-checkpointing off, on, and on with offloading; sequence parallelism off and on with TP; and
-each of these within one stage's ranks for every pipeline-parallel degree dividing the world
-and the blocks (`PipelineOptions`: the schedule and microbatches; meshtrain.plan.pipeline).
+checkpointing off, on, and on with offloading; sequence parallelism off and on with TP;
+every context_parallel_degree dividing the shard degree (decoder-only models, without
+pipelining or expert parallelism, which the contract refuses with it; the sequence must split
+into 2 x cp chunks; `cp_comm_type` given, meshtrain.plan.context); and each of these within one
+stage's ranks for every pipeline-parallel degree dividing the world and the blocks
+(`PipelineOptions`: the schedule and microbatches; meshtrain.plan.pipeline).
 
 Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
 and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,
@@ -40,6 +43,7 @@ from meshtrain.plan.comm import (
     step_time,
     training_flops_per_gpu,
 )
+from meshtrain.plan.context import check_context_layout, max_seq_len
 from meshtrain.plan.memory import (
     MemoryEstimate,
     ModelStateBytes,
@@ -57,7 +61,7 @@ LAYOUT_KEYS = ("hybrid_shard_degree", "tensor_parallel_degree", "expert_parallel
                "activation_checkpointing", "activation_checkpointing_interval",
                "activation_offloading", "activation_loading_horizon", "cpu_offload",
                "reshard_after_forward", "pipeline_parallel_degree", "microbatches",
-               "pipeline_schedule", "pipeline_stages_per_rank")
+               "pipeline_schedule", "pipeline_stages_per_rank", "cp_comm_type")
 Reshard = bool | None
 """A `reshard_after_forward` choice for the candidates: True / False, or None (each
 candidate its strategy's default, and a no_shard candidate both ways)."""
@@ -108,9 +112,10 @@ class LayoutEstimate:
         values = self.parameters.model_dump()
         defaults = SMPParameters().model_dump()
         shown = {"hybrid_shard_degree"} | ({"microbatches", "pipeline_schedule"}
-                                           if self.pipeline is not None else set())
+                                           if self.pipeline is not None else set()) | (
+            {"cp_comm_type"} if self.degrees.context_parallel_degree > 1 else set())
         return {key: values[key] for key in LAYOUT_KEYS
-                if values[key] != defaults[key] or key in shown}
+                if key in shown or (values[key] != defaults[key] and key != "cp_comm_type")}
 
     def describe(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.layout.items())
@@ -124,6 +129,9 @@ def estimate_layout(
     degrees = resolve_degrees(parameters, cluster.world_size, ranks_per_host=cluster.ranks_per_node,
                               world_description=_world(cluster))
     training = _with_precision(training, parameters)
+    check_context_layout(model, seq_len=training.seq_len, cp=degrees.context_parallel_degree,
+                         tensor_parallel_degree=degrees.tensor_parallel_degree,
+                         comm_type=parameters.cp_comm_type)
     if degrees.pipeline_parallel_degree > 1:
         return _estimate_pipeline(model, parameters, degrees, cluster, training)
     acts = _activations(model, parameters, degrees, training)
@@ -133,6 +141,7 @@ def estimate_layout(
         model, degrees, training, recompute=recompute_fraction,
         sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
         reshard_after_forward=resolve_reshard(parameters, degrees),
+        cp_comm_type=parameters.cp_comm_type,
     )
     flops = training_flops_per_gpu(model, degrees, training, recompute_fraction=recompute_fraction)
     return LayoutEstimate(parameters, degrees, memory, acts, volumes,
@@ -169,7 +178,8 @@ def _estimate_pipeline(model: ModelSpec, parameters: SMPParameters, degrees: Res
     recompute_fraction = acts.num_checkpointed / max(1, acts.num_layers)
     volumes = communication_volumes(
         view.rank_model, degrees, training, recompute=recompute_fraction,
-        reshard_after_forward=resolve_reshard(parameters, degrees))
+        reshard_after_forward=resolve_reshard(parameters, degrees),
+        cp_comm_type=parameters.cp_comm_type)
     volumes = dataclasses.replace(volumes, pipeline_p2p=terms.p2p_bytes_per_rank)
     flops = training_flops_per_gpu(model, degrees, training,
                                    recompute_fraction=recompute_fraction) / terms.degree
@@ -224,16 +234,18 @@ class PipelineOptions:
 
 def candidate_parameters(model: ModelSpec, cluster: Cluster, reshard: Reshard = None,
                          pipeline: PipelineOptions | None = None,
-                         micro_batch: int = 1) -> Iterator[SMPParameters]:
+                         micro_batch: int = 1, cp_comm_type: str = "p2p",
+                         ) -> Iterator[SMPParameters]:
     """Every SMP parameter set the planner considers for `cluster` (see the module docstring);
     `reshard` fixes `reshard_after_forward` for all of them (None: see `Reshard`); `pipeline`
     (default `PipelineOptions()`) and `micro_batch` (rows per data-parallel rank) give the
-    pipeline layouts' schedule and microbatches."""
+    pipeline layouts' schedule and microbatches; `cp_comm_type` the context-parallel ones'."""
     pipeline = pipeline or PipelineOptions()
     for pp in _pipeline_degrees(model, cluster.world_size, pipeline.schedule):
         extra: dict[str, Any] = {} if pp == 1 else {
             "pipeline_parallel_degree": pp, "pipeline_schedule": pipeline.schedule,
             "microbatches": pipeline.microbatches or micro_batch}
+        extra["cp_comm_type"] = cp_comm_type
         yield from _stage_candidates(model, cluster, cluster.world_size // pp, reshard, extra)
 
 
@@ -257,14 +269,16 @@ def _stage_candidates(model: ModelSpec, cluster: Cluster, stage_world: int, resh
         for shard in divisors(stage_world // tp):
             eps = _expert_degrees(model, shard * tp)  # folded over shard x tp with TP
             sps = [False, True] if tp > 1 else [False]
-            for (strategy, keep), ep, sp, (ac, off) in itertools.product(
-                    _fsdp_options(shard, reshard), eps, sps, recompute_options):
+            cps = [1] if model.is_encoder_decoder else divisors(shard)
+            for (strategy, keep), ep, cp, sp, (ac, off) in itertools.product(
+                    _fsdp_options(shard, reshard), eps, cps, sps, recompute_options):
                 try:
                     yield SMPParameters(
                         hybrid_shard_degree=shard, tensor_parallel_degree=tp,
-                        expert_parallel_degree=ep, sharding_strategy=strategy,
-                        sequence_parallel=sp, activation_checkpointing=ac,
-                        activation_offloading=off, reshard_after_forward=keep, **extra,
+                        expert_parallel_degree=ep, context_parallel_degree=cp,
+                        sharding_strategy=strategy, sequence_parallel=sp,
+                        activation_checkpointing=ac, activation_offloading=off,
+                        reshard_after_forward=keep, **extra,
                     )
                 except ValidationError:
                     continue  # a combination SMPParameters itself rejects
@@ -298,6 +312,8 @@ class Plan:
     model_state_bytes_per_gpu: dict[str, int]
     pipeline: PipelineOptions = PipelineOptions()
     """The schedule and microbatches the pipeline candidates assume."""
+    cp_comm_type: str = "p2p"
+    """The context-parallel candidates' cp_comm_type."""
 
     @property
     def best(self) -> LayoutEstimate | None:
@@ -316,12 +332,13 @@ def rank_key(estimate: LayoutEstimate) -> tuple:
 
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training,
-                 reshard: Reshard = None, pipeline: PipelineOptions | None = None) -> Plan:
+                 reshard: Reshard = None, pipeline: PipelineOptions | None = None,
+                 cp_comm_type: str = "p2p") -> Plan:
     """Estimate every candidate layout on `cluster` and rank them (`reshard`: see `Reshard`;
-    `pipeline`: see `PipelineOptions`)."""
+    `pipeline`: see `PipelineOptions`; `cp_comm_type`: the context-parallel layouts')."""
     estimates = []
     for parameters in candidate_parameters(model, cluster, reshard, pipeline,
-                                           training.micro_batch):
+                                           training.micro_batch, cp_comm_type):
         try:
             estimates.append(estimate_layout(model, parameters, cluster, training))
         except ConfigError:
@@ -329,7 +346,7 @@ def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training,
     estimates.sort(key=rank_key)
     return Plan(model, cluster, training, estimates,
                 zero_stage_bytes(model, cluster.world_size, training),
-                pipeline or PipelineOptions())
+                pipeline or PipelineOptions(), cp_comm_type)
 
 
 _COUNT_LADDER = (*range(1, 17), 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512)
@@ -337,17 +354,31 @@ _COUNT_LADDER = (*range(1, 17), 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 2
 
 def smallest_fitting_count(
     model: ModelSpec, training: Training, build: Callable[[int], Cluster], *, above: int = 0,
-    reshard: Reshard = None, pipeline: PipelineOptions | None = None,
+    reshard: Reshard = None, pipeline: PipelineOptions | None = None, cp_comm_type: str = "p2p",
 ) -> tuple[int, Plan] | None:
     """The fewest hosts (more than `above`, up to 512) on which some layout fits.
 
     `build(count)` makes the cluster of `count` hosts. None when even 512 do not suffice.
     """
     for count in (c for c in _COUNT_LADDER if c > above):
-        plan = plan_layouts(model, build(count), training, reshard, pipeline)
+        plan = plan_layouts(model, build(count), training, reshard, pipeline, cp_comm_type)
         if plan.best is not None and plan.best.fits:
             return count, plan
     return None
+
+
+def longest_sequence(model: ModelSpec, parameters: SMPParameters, cluster: Cluster,
+                     training: Training) -> int | None:
+    """The longest sequence (tokens, a multiple of 2 x cp) with which this layout fits on
+    `cluster`, `training.micro_batch` rows per data-parallel rank; None when fit cannot be
+    judged (no GPU memory), 0 when none fits (meshtrain.plan.context.max_seq_len)."""
+    def fits(seq_len: int) -> bool | None:
+        one = dataclasses.replace(training, seq_len=seq_len)
+        try:
+            return estimate_layout(model, parameters, cluster, one).fits
+        except ConfigError:
+            return False  # e.g. heads an a2a layout cannot scatter: no length fits
+    return max_seq_len(fits, parameters.context_parallel_degree)
 
 
 def reasoning(estimate: LayoutEstimate, plan: Plan) -> str:
@@ -405,6 +436,7 @@ __all__ = [
     "Plan",
     "candidate_parameters",
     "estimate_layout",
+    "longest_sequence",
     "plan_layouts",
     "rank_key",
     "reasoning",

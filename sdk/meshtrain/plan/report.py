@@ -9,7 +9,13 @@ from rich.console import Console
 from rich.table import Table
 
 from meshtrain.plan.cluster import GIB
-from meshtrain.plan.layouts import LayoutEstimate, Plan, reasoning, tipping_term
+from meshtrain.plan.layouts import (
+    LayoutEstimate,
+    Plan,
+    longest_sequence,
+    reasoning,
+    tipping_term,
+)
 from meshtrain.plan.legend import PHASE_LEGEND, cluster_text, column_legend, speed_text
 
 SCHEMA_VERSION = 4
@@ -286,6 +292,34 @@ def render_plan(plan: Plan, console: Console, *, top: int = 10) -> None:
     console.print(f"  Why: it {reasoning(best, plan)}")
     console.print(phase_table(best, plan.cluster.rank_unit))
     console.print(PHASE_LEGEND, highlight=False)
+    _print_longest(plan, console)
+
+
+def longest_by_context_degree(plan: Plan) -> list[tuple[LayoutEstimate, int | None]]:
+    """The recommended layout and, per context_parallel_degree it does not use, the best-ranked
+    layout of that degree, each with the longest sequence it fits (`longest_sequence`)."""
+    chosen = [] if plan.best is None else [plan.best]
+    for estimate in plan.candidates:
+        if estimate.degrees.context_parallel_degree not in {
+                e.degrees.context_parallel_degree for e in chosen}:
+            chosen.append(estimate)
+    chosen.sort(key=lambda e: e.degrees.context_parallel_degree)
+    return [(e, longest_sequence(plan.model, e.parameters, plan.cluster, plan.training))
+            for e in chosen]
+
+
+def _print_longest(plan: Plan, console: Console) -> None:
+    if plan.cluster.capacity_bytes is None:
+        return
+    console.print(f"Longest sequence that fits ({plan.training.micro_batch} row(s) per "
+                  "data-parallel rank; a multiple of 2 x cp), by context_parallel_degree:",
+                  highlight=False)
+    for estimate, tokens in longest_by_context_degree(plan):
+        cp = estimate.degrees.context_parallel_degree
+        how = f" ({plan.cp_comm_type})" if cp > 1 else ""
+        mark = " (recommended)" if estimate is plan.best else ""
+        console.print(f"  cp {cp}{how}: {tokens:,} tokens with {short_layout(estimate)}{mark}",
+                      highlight=False)
 
 
 def _print_legend(plan: Plan, console: Console) -> None:
@@ -352,6 +386,7 @@ __all__ = [
     "build_table",
     "distribution_for",
     "estimate_to_dict",
+    "longest_by_context_degree",
     "memory_text",
     "phase_table",
     "plan_to_dict",
