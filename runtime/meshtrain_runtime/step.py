@@ -23,6 +23,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES
+from meshtrain_runtime import fault
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.parallel.context import context_parallel_shard
 from meshtrain_runtime.parallel.pipeline import PipelineModule
@@ -77,6 +78,7 @@ def _accumulated(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss = loss_fn(_logits(model(x)), y) / microbatches
         loss.backward()
         total += loss.detach().float()
+    fault.note_loss(total)  # the step's JSON line with replica groups
     return total
 
 
