@@ -1,7 +1,8 @@
 """A checkpoint saved by pp2 x dp2 (4 gloo ranks) resumes without pipelining on 2 ranks with the
-same losses, optimizer state included, and at pp4 on 4 ranks; one saved without pipelining
-resumes at pp2 x dp2; the pipelined model's full export equals the unpipelined model's (three
-launches, ~40-90 s together on a loaded 2-core box)."""
+same losses, optimizer state included, and at pp4 on 4 ranks; ones saved without pipelining and
+at pp4 (plain tensors: one rank per stage) resume at pp2 x dp2; the pipelined model's full
+export equals the unpipelined model's (three launches, ~40-90 s together on a loaded 2-core
+box)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ def test_pp2_dp2_checkpoint_resumes_without_pipelining(torchrun, tmp_path: Path)
     expected = saved[0]["losses"]
     assert all(r["losses"] == expected for r in saved)
     assert {r["pp_size"] for r in at_pp4 if r["case"] == "load_pp4"} == {4}
-    # the checkpoint saved without pipelining (by "load") loads at pp2 x dp2
-    assert {r["pp_size"] for r in at_pp4 if r["case"] == "plain_to_pp2"} == {2}
-    assert len(at_pp4) == 8
+    # the checkpoints saved without pipelining (by "load") and at pp4 load at pp2 x dp2
+    for case in ("plain_to_pp2", "pp4_to_pp2"):
+        assert [r["pp_size"] for r in at_pp4 if r["case"] == case] == [2] * 4, case
+    assert len(at_pp4) == 12
     for row in loaded + at_pp4:
         errors = [abs(a - b) for a, b in zip(row["losses"], expected, strict=True)]
         assert max(errors) <= PARITY, (row["case"], errors)

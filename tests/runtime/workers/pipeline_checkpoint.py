@@ -6,9 +6,10 @@ HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, ex
 state dict (DIR/export_pp), then trains on and reports the losses of the steps after the save.
 load: 2 ranks without pipelining (full shard) build the model from another seed,
 load_checkpoint, export (DIR/export_plain) and save again without pipelining (DIR/plain), then
-train the same steps. load_pp4: pp4 loads the pp2 x dp2 checkpoint (another pipeline degree),
-then, in the same launch, pp2 x dp2 loads the checkpoint saved without pipelining. The losses
-and the exports must match (tests/runtime/test_pipeline_checkpoint.py).
+train the same steps. load_pp4: pp4 loads the pp2 x dp2 checkpoint (another pipeline degree)
+and saves it again (DIR/pp4: one rank per stage, so plain tensors, not FSDP's DTensors); then,
+in the same launch, pp2 x dp2 loads the checkpoint saved without pipelining, and the pp4 one.
+The losses and the exports must match (tests/runtime/test_pipeline_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ PARAMETERS = {
     "load": {},  # 2 ranks, full shard, no pipelining
     "load_pp4": {"pipeline_parallel_degree": 4, "microbatches": 4},  # another pp degree
 }
-PLAIN_TO_PP = PARAMETERS["save"]  # the checkpoint saved without pipelining, loaded at pp2 x dp2
+PLAIN_TO_PP = PARAMETERS["save"]  # the no-PP and pp4 checkpoints are loaded at pp2 x dp2
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -49,9 +50,11 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 def main(mode: str, directory: str) -> None:
     run(mode, PARAMETERS[mode], directory)
-    if mode == "load_pp4":  # a second case in the same launch
+    if mode == "load_pp4":  # more cases in the same launch
         mr.reset()
         run("plain_to_pp2", PLAIN_TO_PP, f"{directory}/plain")
+        mr.reset()
+        run("pp4_to_pp2", PLAIN_TO_PP, f"{directory}/pp4")
 
 
 def run(case: str, parameters: dict, directory: str) -> None:
@@ -70,6 +73,8 @@ def run(case: str, parameters: dict, directory: str) -> None:
     if case == "load":  # the unpipelined model's export, and a checkpoint saved without PP
         export_full_state_dict(model, f"{directory}/export_plain")
         mr.save_checkpoint(f"{directory}/plain", model, optimizer, step=SAVE_AT)
+    if case == "load_pp4":  # pp4 on 4 ranks: one rank per stage, plain tensors (no FSDP)
+        mr.save_checkpoint(f"{directory}/pp4", model, optimizer, step=SAVE_AT)
     losses = train_steps(model, optimizer, range(SAVE_AT, STEPS))
     report({"case": case, "losses": losses, "pp_size": mr.state.pp_size,
             "names": sorted(n for n, _ in model.named_parameters())})
