@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import ReplicaGroupEnv
@@ -72,7 +73,7 @@ class FaultSession:
                                             lambda: model_shards(model))
         self.manager.register_state_dict_fn("optimizer", self._load_optimizer,
                                             lambda: optimizer_shards(self.optimizer))
-        torch.optim.optimizer.register_optimizer_step_pre_hook(self._before_optimizer_step)
+        register_optimizer_step_pre_hook(self._before_optimizer_step)
 
     # --- hooks ---
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:

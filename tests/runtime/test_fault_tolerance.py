@@ -1,0 +1,220 @@
+"""Issue 36, the runtime: replica groups keep training through a group's failure and heal.
+
+One real run on CPU with gloo: torchft's lighthouse (in this process), 2 replica groups x 2 ranks,
+each group its own world (its own TCPStore, MASTER_PORT), hybrid sharding inside each group
+(hybrid_shard_degree 2), the plain script tests/runtime/workers/fault_train.py. Mid-run one rank
+of group 1 is SIGKILLed and the rest of its group torn down (as torchrun does), then the group is
+restarted with DIFFERENT initial weights: it must heal from group 0 and end bitwise equal to it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from meshtrain.contract import env as names
+
+torchft = pytest.importorskip("torchft", reason="torchft is Linux x86_64 only (meshtrain[ft])")
+WORKERS = Path(__file__).parent / "workers"
+_spec = importlib.util.spec_from_file_location("fault_train_worker", WORKERS / "fault_train.py")
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+pytestmark = pytest.mark.multiprocess
+SHARD = 2
+GROUPS = 2
+DELAY = 0.15  # seconds per step (data loading): the survivor steps while group 1 restarts
+RECORD_KEYS = {"step", "replica_group", "participants", "committed", "time", "healed", "loss",
+               "effective_batch"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Job:
+    """The launcher's part: one world per replica group, every rank a process we started."""
+
+    def __init__(self, root: Path, lighthouse: str) -> None:
+        self.root, self.lighthouse = root, lighthouse
+        self.out = root / "results"
+        self.out.mkdir()
+        self.data = root / "output-data"
+        self.hold = root / "hold"
+        self.processes: dict[tuple[int, str], list[subprocess.Popen]] = {}
+
+    def launch(self, group: int, launch: str, steps: int, init_seed: int,
+               hold: bool = False) -> None:
+        port = _free_port()
+        procs = []
+        for rank in range(SHARD):
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "WORLD_SIZE": str(SHARD),
+                   "LOCAL_WORLD_SIZE": str(SHARD), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "SM_OUTPUT_DATA_DIR": str(self.data),
+                   names.MESHTRAIN_FT_REPLICA_GROUP: str(group),
+                   names.MESHTRAIN_FT_REPLICA_GROUPS: str(GROUPS),
+                   names.MESHTRAIN_FT_LIGHTHOUSE: self.lighthouse,
+                   "MESHTRAIN_FT_QUORUM_TIMEOUT_SECONDS": "30", "TEST_LAUNCH": launch}
+            env.pop("SM_HP_MP_PARAMETERS", None)
+            log = (self.root / f"log-g{group}-r{rank}-{launch}.txt").open("w")
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKERS / "fault_train.py"), str(self.out), str(steps),
+                 str(init_seed), str(DELAY), *([str(self.hold)] if hold else [])],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self.processes[(group, launch)] = procs
+
+    def records(self, group: int) -> list[dict[str, Any]]:
+        path = self.data / "fault_tolerance" / f"replica-{group}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+    def digests(self, group: int, rank: int, launch: str) -> dict[int, str]:
+        path = self.out / f"digest-g{group}-r{rank}-{launch}.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+        return {line["step"]: line["digest"] for line in lines}
+
+    def wait_for(self, what: str, condition, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}\n{self.logs()}")
+            for (group, launch), procs in self.processes.items():
+                if launch != "killed" and any(p.poll() not in (None, 0) for p in procs):
+                    pytest.fail(f"group {group} ({launch}) failed\n{self.logs()}")
+            time.sleep(0.1)
+
+    def kill_group(self, group: int, launch: str) -> None:
+        """SIGKILL rank 1 (the failure), then the group's other rank (torchrun's teardown)."""
+        procs = self.processes.pop((group, launch))
+        for rank in (1, 0):
+            pid = int((self.out / f"pid-g{group}-r{rank}-{launch}").read_text())
+            assert pid == procs[rank].pid
+            os.kill(pid, signal.SIGKILL)
+            procs[rank].wait()
+
+    def finish(self, timeout: float) -> None:
+        for (group, launch), procs in self.processes.items():
+            for proc in procs:
+                try:
+                    code = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"group {group} ({launch}) did not end\n{self.logs()}")
+                assert code == 0, f"group {group} ({launch}) exited {code}\n{self.logs()}"
+
+    def stop_all(self) -> None:
+        for procs in self.processes.values():
+            for proc in procs:
+                if proc.poll() is None:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {path.name}\n{path.read_text()[-3000:]}"
+                         for path in sorted(self.root.glob("log-*.txt")))
+
+
+def _reference_losses(steps: int) -> list[float]:
+    """One process, the same initial weights and the global batch (every dp rank's rows)."""
+    torch.manual_seed(0)
+    model = worker.Tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    losses = []
+    for index in range(steps):
+        rows = [worker.batch(dp, index) for dp in range(SHARD * GROUPS)]
+        x, y = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+@pytest.fixture
+def lighthouse():
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=5000,
+                              quorum_tick_ms=50, heartbeat_timeout_ms=1000)
+    try:
+        yield server.address()
+    finally:
+        server.shutdown()
+
+
+def test_a_killed_group_restarts_heals_from_its_peer_and_the_other_trains_through(
+        tmp_path, lighthouse):
+    job = Job(tmp_path, lighthouse)
+    job.hold.touch()
+    try:
+        job.launch(0, "first", steps=4, init_seed=0, hold=True)
+        job.launch(1, "first", steps=1000, init_seed=0)
+
+        def both_committed(n: int) -> bool:
+            return sum(r["committed"] for r in job.records(1)) >= n
+
+        job.wait_for("4 steps of both groups", lambda: both_committed(4), timeout=120)
+        job.kill_group(1, "first")
+        killed_at = time.time()
+        before = len([r for r in job.records(0) if r["committed"]])
+        job.launch(1, "restart", steps=4, init_seed=123)  # other weights: only healing can match
+        restarted_at = time.time()
+        job.wait_for("group 1 to heal", lambda: any(r["healed"] and r["step"] > 0
+                                                    for r in job.records(1)), timeout=120)
+        job.wait_for("group 1's restart to end",
+                     lambda: all(p.poll() is not None for p in job.processes[(1, "restart")]),
+                     timeout=120)
+        job.hold.unlink()
+        job.finish(timeout=120)
+    finally:
+        job.stop_all()
+    check_records(job, killed_at, restarted_at, before)
+
+
+def check_records(job: Job, killed_at: float, restarted_at: float, committed_before: int):
+    survivor, restarted = job.records(0), job.records(1)
+    for record in survivor + restarted:
+        assert set(record) == RECORD_KEYS, record
+        assert record["participants"] == sorted(record["participants"])
+    # the survivor's step counter rises through the failure, >= 3 steps alone
+    steps = [r["step"] for r in survivor if r["committed"]]
+    assert steps == list(range(len(steps))), steps
+    alone = [r for r in survivor if r["committed"] and r["participants"] == [0]]
+    assert len(alone) >= 3, survivor
+    assert all(killed_at - 1 < r["time"] for r in alone)
+    assert len(steps) > committed_before + len(alone) - 1
+    # the restarted group healed from the peer at the peer's step, within 30 s of its restart
+    first_of_restart = next(r for r in restarted if r["healed"] and r["step"] > 0)
+    assert first_of_restart["participants"] == [0, 1]
+    assert first_of_restart["time"] - restarted_at < 30
+    # after healing the ranks with the same shard coordinate hold identical shards and state
+    for rank in range(SHARD):
+        ours = job.digests(0, rank, "first")
+        theirs = job.digests(1, rank, "restart")
+        shared = sorted(set(ours) & set(theirs))
+        assert len(shared) >= 2, (ours, theirs)
+        assert [ours[s] for s in shared] == [theirs[s] for s in shared]
+    # before the failure: the losses of an uninterrupted run (one process, the global batch)
+    together = [(a, b) for a, b in zip(survivor, restarted, strict=False)
+                if a["time"] < killed_at and b["time"] < killed_at]
+    assert len(together) >= 4 and all(a["committed"] and b["committed"] for a, b in together)
+    reference = _reference_losses(len(together))
+    for (a, b), expected in zip(together, reference, strict=True):
+        assert a["step"] == b["step"] and a["participants"] == b["participants"] == [0, 1]
+        assert abs((a["loss"] + b["loss"]) / 2 - expected) < 1e-5, (a, b, expected)
+        assert a["effective_batch"] == 4 * SHARD * GROUPS

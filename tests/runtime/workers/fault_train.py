@@ -1,0 +1,97 @@
+"""A plain hybrid-sharded training script, run per replica group by test_fault_tolerance.py.
+
+Nothing in the training loop knows about fault tolerance: init(), transform(), a torch optimizer,
+forward_backward, step, zero_grad. The launcher's MESHTRAIN_FT_* variables turn it on. For the
+test's checks each rank also writes, after every step, a digest of its local parameter shards and
+optimizer state keyed by the committed step count (meshtrain_runtime.fault.current_step()).
+
+Arguments: OUT STEPS INIT_SEED DELAY [HOLD]: results folder, loop iterations, the seed of the
+initial weights, seconds each step waits (data loading), and a file whose presence keeps the loop
+going past STEPS (the test removes it to let the survivor finish).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+import meshtrain_runtime as mr
+from meshtrain_runtime import fault
+
+FEATURES = 8
+ROWS = 4  # per data-parallel rank and step
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(FEATURES, FEATURES) for _ in range(2))
+        self.head = nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def batch(dp_rank: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of data-parallel rank `dp_rank` at loop iteration `index` (the test replays them)."""
+    generator = torch.Generator().manual_seed(1000 * index + dp_rank)
+    return (torch.randn(ROWS, FEATURES, generator=generator),
+            torch.randn(ROWS, 1, generator=generator))
+
+
+def digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """sha256 of this rank's local parameter shards and optimizer state, in a fixed order."""
+    sha = hashlib.sha256()
+    for tensor in [p for _, p in sorted(model.named_parameters())]:
+        sha.update(_bytes(tensor))
+    for index, entry in sorted(optimizer.state_dict()["state"].items()):
+        for name, value in sorted(entry.items()):
+            sha.update(f"{index}.{name}".encode())
+            sha.update(_bytes(value))
+    return sha.hexdigest()
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def main() -> None:
+    out, steps, init_seed, delay = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(
+        sys.argv[4])
+    hold = Path(sys.argv[5]) if len(sys.argv) > 5 else None
+    state = mr.init({"hybrid_shard_degree": 2})
+    group, rank = os.environ["MESHTRAIN_FT_REPLICA_GROUP"], state.rank
+    launch = os.environ["TEST_LAUNCH"]
+    (out / f"pid-g{group}-r{rank}-{launch}").write_text(str(os.getpid()))
+    torch.manual_seed(init_seed)
+    model = mr.transform(Tiny())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    loss_fn = nn.functional.mse_loss
+    lines = (out / f"digest-g{group}-r{rank}-{launch}.jsonl").open("a")
+    index = 0
+    while index < steps or (hold is not None and hold.exists()):
+        x, y = batch(state.dp_rank, index)
+        loss = mr.forward_backward(model, x, y, loss_fn=loss_fn)
+        optimizer.step()
+        optimizer.zero_grad()
+        lines.write(json.dumps({"index": index, "step": fault.current_step(),
+                                "dp_rank": state.dp_rank, "dp_size": state.dp_size,
+                                "loss": float(loss), "digest": digest(model, optimizer)}) + "\n")
+        lines.flush()
+        index += 1
+        time.sleep(delay)
+
+
+if __name__ == "__main__":
+    main()
