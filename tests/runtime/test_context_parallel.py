@@ -81,3 +81,18 @@ def test_the_cp_group_is_real_and_innermost_in_the_shard_group(records, layout) 
 def test_refusals_are_config_errors_with_the_arithmetic(records, case, quoted) -> None:
     (row,) = select(records, case=case)
     assert row["error"] is not None and quoted in row["error"], row
+
+
+def test_smp_flow_with_fsdp1_and_labels_matches_one_process(records) -> None:
+    """tsm.transform(cp_comm_type='all_gather'), FSDP1 over SMP's shard group (cp inside),
+    the script's checkpoint wrappers, AWS's cp split and HF labels= (shifted globally)."""
+    (ref,) = select(records, case="reference", model="llama", way="a")
+    rows = select(records, case="smp")
+    assert len(rows) == 4
+    for row in rows:
+        assert row["cp_size"] == row["context_parallel_degree"] == 2
+        assert row["cp_rank"] == row["rank"] % 2
+        errors = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=True)]
+        assert max(errors) <= PARITY, (row["rank"], errors)
+    refused = select(records, case="smp_comm_type")
+    assert all("tsm.transform(cp_comm_type='ring')" in r["error"] for r in refused)

@@ -13,7 +13,8 @@ layout: 2 x cp chunks, rank r holds chunks r and 2cp-1-r). What the model needs 
   ``labels=`` over the whole sequence (HF shifts inside the chunk, which is wrong at every chunk
   border): the labels are gathered over the cp group, shifted, split again and passed as
   ``shift_labels`` with ``num_items_in_batch`` = the targets of the whole sequences / cp, so the
-  cp ranks' losses average (FSDP's gradient mean) to one process's loss.
+  cp ranks' losses average (FSDP's gradient mean) to one process's loss. No KV cache is kept
+  (``use_cache=False``): it would hold local chunks only.
 - Other modules: every ``F.scaled_dot_product_attention`` call in the root's and the blocks'
   forwards runs as ``context_attention`` (the core's ``sdpa_dispatch``). The blocks carry it in
   their own forward so that activation checkpointing's recompute, which runs a block's forward
@@ -163,6 +164,8 @@ def _hf_root_class(cls: type[nn.Module]) -> type[nn.Module]:
         extra = bound.pop(var_kw, {}) if var_kw else {}
         bound.pop(next(iter(signature.parameters)))  # self
         call = prepare_hf_inputs({**bound, **extra}, self.__dict__[_ATTR])
+        if "use_cache" in signature.parameters:  # a KV cache holds local chunks only, and a
+            call["use_cache"] = False  # checkpoint recompute would append to it a second time
         return original(self, **call)
 
     return _subclass(cls, forward)

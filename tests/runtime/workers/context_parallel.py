@@ -103,6 +103,54 @@ def run_layout(layout: str) -> None:
     mr.reset()
 
 
+def run_smp() -> None:
+    """SMP's flow: tsm.init, tsm.transform(cp_comm_type=...), FSDP1 without a group, the
+    script's own checkpoint wrappers, AWS's batch split for the cp rank and HF labels=."""
+    import functools
+
+    from meshtrain_runtime.compat import install_torch_sagemaker
+
+    install_torch_sagemaker()
+    import torch.sagemaker as tsm
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from torch.sagemaker.tensor_parallel.transformer import TransformerLayer
+
+    tsm.state.reset()
+    tsm.init({"context_parallel_degree": 2})
+    model = tsm.transform(build("llama"), cp_comm_type="all_gather")
+    policy = functools.partial(transformer_auto_wrap_policy,
+                               transformer_layer_cls={TransformerLayer})
+    model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, TransformerLayer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    cp_rank, cp_size = tsm.state.cp_rank, tsm.state.cp_size
+    dp_rank = dist.get_rank() // cp_size  # AWS: rank // (tp x cp)
+    losses = []
+    for step in range(STEPS):
+        rows = batch(step).chunk(dist.get_world_size() // cp_size)[dp_rank]
+        (ids,), _ = context_parallel_shard(rows[:, :-1], cp_rank=cp_rank, cp_size=cp_size)
+        loss = hf_labels_loss(model, ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / dist.get_world_size())
+    report({"case": "smp", "losses": losses, "cp_rank": cp_rank, "cp_size": cp_size,
+            "context_parallel_degree": tsm.state.context_parallel_degree})
+    try:
+        tsm.transform(build("custom"), cp_comm_type="ring")
+        error = None
+    except ConfigError as refused:
+        error = str(refused)
+    report({"case": "smp_comm_type", "error": error})
+    tsm.state.reset()
+
+
 def refusal(case: str, params: dict[str, Any], action: Any) -> None:
     mr.init(params)
     try:
@@ -144,6 +192,7 @@ def main() -> None:
                         "losses": reference(name, way)})
     for layout in LAYOUTS:
         run_layout(layout)
+    run_smp()
     report_refusals()
 
 

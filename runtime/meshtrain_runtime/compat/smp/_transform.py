@@ -1,4 +1,4 @@
-"""``tsm.transform``: SMP's model conversion only (tensor / expert parallelism, dtype).
+"""``tsm.transform``: SMP's model conversion only (tensor / expert / context parallelism, dtype).
 
 Unlike ``meshtrain_runtime.transform`` (which also applies FSDP2, checkpointing and
 materialisation), SMP's transform leaves sharding to the script's own FSDP call. The model's
@@ -22,6 +22,8 @@ from meshtrain_runtime.compat.smp._fsdp import compat_meshes
 from meshtrain_runtime.delayed_init import check_rank0_has_weights
 from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.blocks import find_blocks
+from meshtrain_runtime.parallel.context import COMM_TYPES
+from meshtrain_runtime.parallel.context_apply import ContextSettings, apply_context_parallel
 from meshtrain_runtime.parallel.tensor import (
     apply_tensor_parallel,
     locally_computed_parameters,
@@ -33,7 +35,7 @@ from meshtrain_runtime.parallelize import (
     check_model_parallel_request,
 )
 
-CP_COMM_TYPES = ("p2p", "all_gather")
+CP_COMM_TYPES = COMM_TYPES  # SMP's "p2p" and "all_gather", and meshtrain's "a2a" (Ulysses)
 BLOCK_MARK = "_smp_transformer_layer"
 
 
@@ -43,7 +45,7 @@ def transform(
     dtype: torch.dtype | None = None,
     config: Any = None,
     load_state_dict_from_rank0: bool = False,
-    cp_comm_type: str = "p2p",
+    cp_comm_type: str | None = None,
 ) -> nn.Module:
     """Convert `model` for SMP's layout (TP or EP per ``tsm.init``); wrap it in FSDP next.
 
@@ -51,14 +53,18 @@ def transform(
       transformer options are refused: meshtrain keeps the Hugging Face modules).
     - `load_state_dict_from_rank0`: rank 0 holds real weights, other ranks may be on meta; the
       script's FSDP call then needs ``sync_module_states=True`` (as in SMP).
-    - `cp_comm_type`: ``"p2p"`` or ``"all_gather"``; only used by context parallelism, which
-      this build does not provide (``context_parallel_degree > 1`` raises, as in `transform`).
+    - `cp_comm_type`: ``"p2p"`` (SMP's default), ``"all_gather"`` or ``"a2a"``; None takes the
+      ``cp_comm_type`` parameter. Used when ``context_parallel_degree > 1``: the model then runs
+      on the cp rank's chunks (the script splits batches as AWS's ``get_batch_for_cp_rank``
+      does); HF ``labels=`` are shifted over the whole sequence (meshtrain_runtime's
+      parallel/context_apply.py).
     """
     from meshtrain_runtime.compat.smp._state import state
 
     if not state._is_initialised():
         raise RuntimeError("tsm.transform() needs tsm.init() first.")
     st = runtime_state.current()
+    cp_comm_type = cp_comm_type if cp_comm_type is not None else st.config.cp_comm_type
     moe_config = _check_request(st, config, cp_comm_type, device, load_state_dict_from_rank0)
     if load_state_dict_from_rank0:
         check_rank0_has_weights(model, st.rank, st.device)
@@ -73,6 +79,9 @@ def transform(
         _unreplicate_plain_parameters(model)
     else:
         model = apply_model_parallel(model, st, moe_config=moe_config)
+    if st.context_parallel_degree > 1:  # before the script's checkpoint wrappers
+        apply_context_parallel(model, blocks, ContextSettings(
+            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type))
     for block in blocks:
         setattr(block, BLOCK_MARK, True)
     if device is not None and not _on_meta(model):
@@ -111,7 +120,8 @@ def _check_request(
     """SMP's own arguments, then the checks every transform shares (parallelize's)."""
     if cp_comm_type not in CP_COMM_TYPES:
         raise ConfigError(
-            f"tsm.transform(cp_comm_type={cp_comm_type!r}): use 'p2p' or 'all_gather'."
+            f"tsm.transform(cp_comm_type={cp_comm_type!r}): use 'p2p' (the default), "
+            "'all_gather' or 'a2a'."
         )
     if config is not None and not isinstance(config, MoEConfig):
         raise ConfigError(
