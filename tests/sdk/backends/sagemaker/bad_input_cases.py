@@ -423,8 +423,34 @@ _FIT = {
     "fit-logs-str": ({}, {"logs": "All"}, "take True or False"),
 }
 
+
+
+def ft(groups: Any = 2, *, hosts: int = 2, **parameters: Any) -> dict:
+    """2 hosts x 2 processes with torch_distributed.fault_tolerance (issue 36)."""
+    options = groups if isinstance(groups, dict) else {"replica_groups": groups}
+    distribution = smp(**({"hybrid_shard_degree": 2} | parameters))
+    distribution["torch_distributed"]["fault_tolerance"] = options
+    return {"instance_count": hosts, "distribution": distribution}
+
+
+_FAULT_TOLERANCE = {
+    "ft-no-smp": ({"instance_count": 2, "distribution": {"torch_distributed": {
+        "enabled": True, "fault_tolerance": {"replica_groups": 2}}}}, {},
+        "smdistributed.modelparallel is not enabled"),
+    "ft-groups-3": (ft(3), {}, "replica_groups=3 does not divide instance_count=2"),
+    "ft-one-group": (ft(1), {}, "replica_groups: Input should be greater than or equal to 2"),
+    "ft-min-over": (ft({"replica_groups": 2, "min_replica_groups": 3}), {},
+                    "min_replica_groups=3 > replica_groups=2"),
+    "ft-key-typo": (ft({"replica_group": 2}), {}, "Did you mean 'replica_groups'"),
+    "ft-hsd-4": (ft(2, hybrid_shard_degree=4), {},
+                 "1 host(s) x 2 processes = 2 ranks, but the resolved hybrid_shard_degree is 4"),
+    "ft-tp": (ft(2, hybrid_shard_degree=1, tensor_parallel_degree=2), {},
+              "with tensor_parallel_degree=2: fault-tolerant replica groups run hybrid sharding "
+              "only"),
+}
+
 LOCAL_CASES = {**_SOURCE, **_HYPERPARAMETERS, **_CLUSTER, **_DISTRIBUTION, **_VALUES, **_PATHS,
-               **_KEYWORDS, **_FIT}
+               **_KEYWORDS, **_FIT, **_FAULT_TOLERANCE}
 
 ML_CASES = {
     "ml-count-zero": ({"instance_count": 0}, {}, "positive int"),
