@@ -159,6 +159,7 @@ def build_report(
     ep_comm: Mapping[str, Any] | None = None,
     ep_tp_comm: Mapping[str, Any] | None = None,
     pipeline: Mapping[str, Any] | None = None,
+    context: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The latest.json document; `goals_met` compares against the issue's acceptance bounds."""
     entries = [layout_entry(raw) for raw in layouts]
@@ -171,6 +172,7 @@ def build_report(
         "ep_all_to_all": ep_comm_entry(ep_comm) if ep_comm else None,
         "ep_tp_all_to_all": ep_comm_entry(ep_tp_comm) if ep_tp_comm else None,
         "pipeline": dict(pipeline) if pipeline else None,  # bench_pipeline.summarize's
+        "context": dict(context) if context else None,  # bench_context.summarize's
     }
     measured = [e for e in entries if not e["null"]]
     for entry in measured:
@@ -184,6 +186,8 @@ def build_report(
     if pipeline:  # measured on the box at hand: a loaded one cannot hold it (RESULTS.md)
         report["goals_met"]["pipeline_bubble_within_5_points"] = all(
             e["within_5_points"] is not False for e in pipeline["schedules"].values())
+    if context:
+        report["goals_met"]["context_bytes_equal_planner"] = context["bytes_equal_theory"]
     return report
 
 
@@ -268,7 +272,31 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines.append("TP x EP all-to-all bytes (each tp rank's share) vs routed theory = "
                      f"{_fmt(ep_tp['over_theory'], 4)}")
     lines += pipeline_lines(report.get("pipeline"))
+    lines += context_lines(report.get("context"))
     return "\n".join(lines) + "\n"
+
+
+def context_lines(context: Mapping[str, Any] | None) -> list[str]:
+    """bench_context.py's bytes per cp_comm_type vs the planner and its step-time ratios."""
+    if not context:
+        return []
+    ratio = context["ratio"]
+    lines = ["", f"Context parallelism cp{context['cp']}: attention bytes per rank (forward / "
+             "backward) measured vs the planner; step time over hand-written all_gather + SDPA",
+             "", "| cp_comm_type | dtype | measured | planner | equal | wall ratio | CPU ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for comm_type, by_dtype in context["bytes"].items():
+        for dtype, e in by_dtype.items():
+            measured = e["measured_per_rank"][0]
+            cells = " / ".join(f"{measured.get(p, 0):,.0f}" for p in ("forward", "backward"))
+            theory = " / ".join(f"{e['theory'][p]:,.0f}" for p in ("forward", "backward"))
+            wall, cpu = ratio[f"{comm_type}_wall"], ratio[f"{comm_type}_cpu"]
+            lines.append(f"| {comm_type} | {dtype} | {cells} | {theory} | "
+                         f"{'yes' if e['equal'] else '**no**'} | {_cell(wall['median'], wall)} | "
+                         f"{_cell(cpu['median'], cpu)} |")
+    lines.append(f"Floor (hand-written vs itself): wall {_fmt(ratio['null_wall']['median'])}, "
+                 f"CPU {_fmt(ratio['null_cpu']['median'])}")
+    return lines
 
 
 def pipeline_lines(pipeline: Mapping[str, Any] | None) -> list[str]:
@@ -311,6 +339,7 @@ __all__ = [
     "attach_floors",
     "build_report",
     "collective_totals",
+    "context_lines",
     "ep_comm_entry",
     "launch_entry",
     "layout_entry",
