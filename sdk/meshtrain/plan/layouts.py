@@ -193,8 +193,10 @@ def _memory(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedDegree
             training: Training, acts: ActivationEstimate, cluster: Cluster) -> MemoryEstimate:
     offload: Offload = "cpu_offload" if parameters.cpu_offload else (
         "optimizer" if training.optimizer_offload else "none")
-    # The runtime skips FSDP only for tensor parallelism alone without an FSDP policy.
-    uses_fsdp = (degrees.tensor_parallel_degree == 1 or degrees.data_parallel_degree > 1
+    # The runtime skips FSDP only for one data-parallel rank under tensor or pipeline
+    # parallelism without an FSDP policy (meshtrain_runtime.parallelize.uses_fsdp).
+    split = degrees.tensor_parallel_degree > 1 or degrees.pipeline_parallel_degree > 1
+    uses_fsdp = (not split or degrees.data_parallel_degree > 1
                  or training.mixed or parameters.cpu_offload)
     phases = phase_memory(model, degrees, training, acts, offload=offload, uses_fsdp=uses_fsdp,
                           loss_parallel=parameters.loss_parallel,

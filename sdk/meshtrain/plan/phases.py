@@ -222,8 +222,9 @@ def phase_memory(
 ) -> list[PhaseMemory]:
     """The four phases of one step on one rank (see the module docstring).
 
-    `uses_fsdp` is False only where the runtime skips FSDP (tensor parallelism alone, fp32,
-    no offload: see `meshtrain_runtime.parallelize.uses_fsdp`); `loss_parallel` keeps the
+    `uses_fsdp` is False only where the runtime skips FSDP (one data-parallel rank under
+    tensor or pipeline parallelism, fp32, no offload: see
+    `meshtrain_runtime.parallelize.uses_fsdp`); `loss_parallel` keeps the
     logits split over the vocabulary; `on_gpu` False plans CPU ranks (the optimizer's
     per-tensor loop, see `_step_buffer`); `reshard_after_forward` is the runtime's key resolved
     (None: the strategy's default, `degrees.reshard_after_forward`).
