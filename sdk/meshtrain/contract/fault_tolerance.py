@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshtrain.contract import env as names
-from meshtrain.contract._messages import divisors_text
+from meshtrain.contract._messages import divisors
 from meshtrain.contract.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -69,11 +69,12 @@ def check_fault_tolerance(config: DistributionConfig, *, instance_count: int,
             "Add 'smdistributed': {'modelparallel': {'enabled': True, 'parameters': "
             f"{{'hybrid_shard_degree': <ranks per group>}}}} to the distribution.")
     if instance_count % n:
+        usable = [str(d) for d in divisors(instance_count) if d >= 2]
+        fix = f"Use replica_groups {' or '.join(usable)}, or" if usable else "Use"
         raise ConfigError(
             f"fault_tolerance.replica_groups={n} does not divide instance_count="
-            f"{instance_count}: every replica group is a whole number of hosts. Use "
-            f"replica_groups {divisors_text(instance_count)} (2 or more), or change "
-            "instance_count.")
+            f"{instance_count}: every replica group is a whole number of hosts. {fix} an "
+            f"instance_count that is a multiple of {n}.")
     _check_plain_sharding(degrees, n)
     per_group = degrees.world_size // n
     if degrees.hybrid_shard_degree != per_group:
