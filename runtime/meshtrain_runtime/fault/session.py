@@ -9,6 +9,7 @@ dropped (``grad = None``: torch's optimizers then leave those parameters and the
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -50,6 +51,7 @@ class FaultSession:
         self.healed = False
         self.rows = 0
         self.loss: torch.Tensor | None = None
+        self.last_participants: list[int] = []
         self.writer = (RecordWriter(records_path(settings.replica_group))
                        if group_rank == 0 else None)
 
@@ -141,6 +143,12 @@ class FaultSession:
             return
         participants = list(self.process_group.participants)
         rows = self.rows * self.group_world_size * len(participants)
+        if self.healed or participants != self.last_participants:
+            healed = " healed from a peer," if self.healed else ""
+            print(f"meshtrain: replica group {self.settings.replica_group} step {step}:{healed} "
+                  f"replica groups {participants} take part (committed: {committed})",
+                  file=sys.stderr, flush=True)
+            self.last_participants = participants
         self.writer.write(StepRecord(
             step=step, replica_group=self.settings.replica_group, participants=participants,
             committed=committed, time=time.time(), healed=self.healed, loss=loss,
