@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain_runtime.parallel.context import context_parallel_shard, local_positions
+from meshtrain_runtime.parallel.context import blockwise, context_parallel_shard, local_positions
 from meshtrain_runtime.parallel.context.blockwise import (
     Accumulator,
     backward_blocks,
@@ -139,7 +139,7 @@ def _causal_work(cp: int, layout: str) -> list[int]:
     for rank in range(cp):
         pos_q = local_positions(16, rank, cp, layout)
         work.append(sum(
-            (b.q_end - b.q_start) * b.n_keys
+            (b.q_end - b.q_start) * (b.k_end - b.k_start)
             for src in range(cp)
             for b in plan_blocks(pos_q, local_positions(16, src, cp, layout), chunk, True)))
     return work
@@ -153,8 +153,15 @@ def test_load_balanced_layout_balances_causal_work() -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False])
-def test_blockwise_math_matches_sdpa_with_gradients(layout: str, causal: bool) -> None:
-    """Every rank's blocks computed in this process (no communication): output and grads."""
+@pytest.mark.parametrize("kernel", ["fused", "math"])
+def test_blockwise_math_matches_sdpa_with_gradients(
+    layout: str, causal: bool, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank's blocks computed in this process (no communication): output and grads.
+    "fused": torch's CPU flash kernels (the CPU path); "math": the matmul path other devices
+    take, run here on the CPU."""
+    if kernel == "math":
+        monkeypatch.setattr(blockwise, "_fused", lambda q, block: False)
     torch.manual_seed(0)
     cp, seq = 4, 32
     q = torch.randn(2, 4, seq, 8, requires_grad=True)
@@ -174,16 +181,31 @@ def test_blockwise_math_matches_sdpa_with_gradients(layout: str, causal: bool) -
         for lk, lv, _, blocks in plans:
             acc.attend(lq, lk, lv, blocks, 8 ** -0.5)
         assert (acc.out - ref.detach()[:, :, pos_q]).abs().max() < TOLERANCE
-        delta = (lg * acc.out).sum(-1)
         dq = torch.zeros_like(lq)
         for lk, lv, pos_k, blocks in plans:
-            g_q, g_k, g_v = backward_blocks(lq, lk, lv, lg, (acc.lse, delta), blocks, 8 ** -0.5)
+            g_q, g_k, g_v = backward_blocks(lq, lk, lv, lg, (acc.out, acc.lse), blocks,
+                                            8 ** -0.5)
             dq += g_q
             dk[:, :, pos_k] += g_k
             dv[:, :, pos_k] += g_v
         assert (dq - ref_grads[0][:, :, pos_q]).abs().max() < TOLERANCE
     assert (dk - ref_grads[1]).abs().max() < TOLERANCE
     assert (dv - ref_grads[2]).abs().max() < TOLERANCE
+
+
+def test_chunks_overlapping_in_part_get_an_element_mask() -> None:
+    """Positions this package's layouts never make (a query chunk straddling key chunks)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 8, 8), torch.randn(1, 2, 8, 8)
+    pos_q, pos_k = torch.arange(2, 6), torch.arange(8)
+    blocks = plan_blocks(pos_q, pos_k, 4, True)
+    assert [(b.k_start, b.k_end, b.mask is not None) for b in blocks] == [(0, 4, True),
+                                                                           (4, 8, True)]
+    acc = Accumulator(q, 8)
+    acc.attend(q, k, v, blocks, 8 ** -0.5)
+    mask = pos_k[None, :] <= pos_q[:, None]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert (acc.out - ref).abs().max() < TOLERANCE
 
 
 def test_local_causal_mask_is_recognised_and_nothing_else() -> None:

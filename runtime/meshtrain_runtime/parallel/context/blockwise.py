@@ -1,17 +1,18 @@
 """Exact attention of local queries against one block of keys at a time, and the merge.
 
-The forward of one (query rows, key block) pair returns the block's normalised output and the
+The forward of one (query rows, key rows) block returns the block's normalised output and the
 logsumexp (lse) of its scores per query row; blocks merge exactly by their lse (the online
 softmax of FlashAttention / ring attention). The backward of a block needs only the final
-output's lse and delta = rowsum(dO * O), so each block's gradients are computed on their own.
+output and its lse (delta = rowsum(dO * O)), so each block's gradients are computed on their own.
 
-GQA without copies: q (B, H, Sq, D) is viewed per key/value head as (B, Hkv, R x Sq, D) with
-R = H / Hkv (query head h uses key/value head h // R, as SDPA's enable_gqa), so one matmul
-against k (B, Hkv, Sk, D) serves all R query heads and the key gradient sums over them.
-
-Causal work is skipped a chunk at a time: local tokens are in increasing global order, so the
-keys a query chunk can see are a prefix of the key block, and only a chunk on the diagonal
-needs an element mask.
+Blocks are pairs of equal chunks of the layout (see layout.py): under a causal mask a key chunk
+is wholly visible (before the query chunk), causal within (the same chunk: the diagonal) or
+skipped (after it). So every block is a plain SDPA problem, full or top-left causal. On the CPU
+it runs through torch's fused flash kernel, which returns the lse
+(aten::_scaled_dot_product_flash_attention_for_cpu and its backward, the kernels SDPA itself
+uses on the CPU); elsewhere through the matmul math below, in which GQA needs no copies: q
+(B, H, Sq, D) is viewed per key/value head as (B, Hkv, R x Sq, D) with R = H / Hkv (query head
+h uses key/value head h // R, as SDPA's enable_gqa).
 """
 
 from __future__ import annotations
@@ -20,44 +21,72 @@ from dataclasses import dataclass
 
 import torch
 
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
 
 @dataclass(frozen=True)
 class Block:
-    """One unit of work: query rows [q_start, q_end) against the first `n_keys` keys."""
+    """Query rows [q_start, q_end) against key rows [k_start, k_end): all of them, causal
+    within (the same chunk of the sequence, square), or under an explicit `mask`."""
 
     q_start: int
     q_end: int
-    n_keys: int
-    mask: torch.Tensor | None  # (q_end - q_start, n_keys) bool, True = attend; None = all
+    k_start: int
+    k_end: int
+    causal: bool = False
+    mask: torch.Tensor | None = None  # (rows, keys) bool, True = attend
+
+    def element_mask(self, device: torch.device) -> torch.Tensor | None:
+        """The (rows, keys) mask of the math path; None when every key is seen."""
+        if self.causal:
+            rows = self.q_end - self.q_start
+            return torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
+        return self.mask
 
 
 def plan_blocks(
-    pos_q: torch.Tensor, pos_k: torch.Tensor, q_chunk: int, causal: bool,
+    pos_q: torch.Tensor, pos_k: torch.Tensor, chunk: int, causal: bool,
     device: torch.device | None = None,
 ) -> list[Block]:
-    """The blocks of local queries (global positions `pos_q`, chunks of `q_chunk` rows)
-    against a key block at global positions `pos_k`; empty blocks are left out. Positions
-    are planned on the CPU; a mask is put on `device`."""
+    """The blocks of local queries (global positions `pos_q`) against a key block (global
+    positions `pos_k`), both cut into chunks of `chunk` rows; empty blocks are left out and
+    adjacent wholly visible key chunks are joined. Planned on the CPU; a mask goes to `device`."""
     pos_q, pos_k = pos_q.cpu(), pos_k.cpu()
-    blocks = []
-    for start in range(0, pos_q.numel(), q_chunk):
-        rows = pos_q[start:start + q_chunk]
+    blocks: list[Block] = []
+    for q_start in range(0, pos_q.numel(), chunk):
+        rows = pos_q[q_start:q_start + chunk]
+        q_end = q_start + rows.numel()
         if not causal:
-            blocks.append(Block(start, start + rows.numel(), pos_k.numel(), None))
+            blocks.append(Block(q_start, q_end, 0, pos_k.numel()))
             continue
-        n_keys = int(torch.searchsorted(pos_k, rows.max(), right=True))
-        if n_keys == 0:
-            continue
-        mask = None
-        if int(pos_k[n_keys - 1]) > int(rows.min()):  # some key lies after some query
-            mask = (pos_k[None, :n_keys] <= rows[:, None]).to(device)
-        blocks.append(Block(start, start + rows.numel(), n_keys, mask))
+        for k_start in range(0, pos_k.numel(), chunk):
+            keys = pos_k[k_start:k_start + chunk]
+            k_end = k_start + keys.numel()
+            if int(keys.min()) > int(rows.max()):
+                continue  # wholly after the queries
+            if int(keys.max()) <= int(rows.min()):
+                last = blocks[-1] if blocks else None
+                if last and last.q_start == q_start and last.k_end == k_start and not (
+                        last.causal or last.mask is not None):
+                    blocks[-1] = Block(q_start, q_end, last.k_start, k_end)
+                else:
+                    blocks.append(Block(q_start, q_end, k_start, k_end))
+            elif torch.equal(keys, rows):
+                blocks.append(Block(q_start, q_end, k_start, k_end, causal=True))
+            else:  # chunks that overlap in part: not made by this package's layouts
+                mask = (keys[None, :] <= rows[:, None]).to(device)
+                blocks.append(Block(q_start, q_end, k_start, k_end, mask=mask))
     return blocks
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
     """The dtype softmax statistics and sums are kept in: float32, or float64 for float64."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def _fused(q: torch.Tensor, block: Block) -> bool:
+    return q.device.type == "cpu" and block.mask is None
 
 
 def _grouped(x: torch.Tensor, start: int, end: int, kv_heads: int) -> torch.Tensor:
@@ -75,13 +104,13 @@ def _ungrouped(x: torch.Tensor, heads: int) -> torch.Tensor:
 def _probabilities(
     q: torch.Tensor, k: torch.Tensor, block: Block, scale: float, lse: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores of grouped queries against the key prefix, masked; and exp(scores - lse) where
-    `lse` is given, else the block's own lse with its normalised probabilities."""
-    keys = k[:, :, :block.n_keys]
+    """Scores of grouped queries against the block's keys, masked; and exp(scores - lse)
+    where `lse` is given, else the block's own lse with its normalised probabilities."""
+    keys = k[:, :, block.k_start:block.k_end]
     scores = torch.matmul(q, keys.transpose(-1, -2)).to(_wide(q.dtype)) * scale
-    if block.mask is not None:
-        repeat = q.shape[2] // block.mask.shape[0]
-        scores = scores.masked_fill(~block.mask.repeat(repeat, 1), float("-inf"))
+    mask = block.element_mask(q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.repeat(q.shape[2] // mask.shape[0], 1), float("-inf"))
     if lse is None:
         lse = torch.logsumexp(scores, dim=-1)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # rows that see nothing
@@ -91,13 +120,17 @@ def _probabilities(
 def forward_block(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block's output (B, H, rows, Dv) and its lse (B, H, rows)."""
+    """One block's output (B, H, rows, Dv) and its lse (B, H, rows), both wide."""
+    wide, keys = _wide(q.dtype), slice(block.k_start, block.k_end)
+    if _fused(q, block):
+        out, lse = _FLASH_CPU(q[:, :, block.q_start:block.q_end], k[:, :, keys], v[:, :, keys],
+                              0.0, block.causal, scale=scale)
+        return out.to(wide), lse.to(wide)
     heads, kv_heads = q.shape[1], k.shape[1]
     grouped = _grouped(q, block.q_start, block.q_end, kv_heads)
     probs, lse = _probabilities(grouped, k, block, scale, None)
-    out = torch.matmul(probs.to(v.dtype), v[:, :, :block.n_keys]).to(_wide(q.dtype))
-    rows = block.q_end - block.q_start
-    return _ungrouped(out, heads), lse.reshape(lse.shape[0], heads, rows)
+    out = torch.matmul(probs.to(v.dtype), v[:, :, keys]).to(wide)
+    return _ungrouped(out, heads), lse.reshape(lse.shape[0], heads, block.q_end - block.q_start)
 
 
 class Accumulator:
@@ -127,31 +160,49 @@ class Accumulator:
             self.add(block, *forward_block(q, k, v, block, scale))
 
 
+def _math_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    stats: tuple[torch.Tensor, torch.Tensor], block: Block, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's (dq rows, dk rows, dv rows) by the matmul math; `stats` = (lse, delta)."""
+    start, end, keys = block.q_start, block.q_end, slice(block.k_start, block.k_end)
+    heads, kv_heads, wide = q.shape[1], k.shape[1], _wide(q.dtype)
+    grouped = _grouped(q, start, end, kv_heads)
+    row_lse, row_delta = (_grouped(t[..., None], start, end, kv_heads)[..., 0] for t in stats)
+    d_out = _grouped(grad_out, start, end, kv_heads)
+    probs, _ = _probabilities(grouped, k, block, scale, row_lse)
+    dv = torch.matmul(probs.transpose(-1, -2).to(v.dtype), d_out).to(wide)
+    d_probs = torch.matmul(d_out, v[:, :, keys].transpose(-1, -2)).to(wide)
+    d_scores = (probs * (d_probs - row_delta[..., None]) * scale).to(q.dtype)
+    dq = _ungrouped(torch.matmul(d_scores, k[:, :, keys]).to(wide), heads)
+    dk = torch.matmul(d_scores.transpose(-1, -2), grouped).to(wide)
+    return dq, dk, dv
+
+
 def backward_blocks(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    stats: tuple[torch.Tensor, torch.Tensor], blocks: list[Block], scale: float,
+    final: tuple[torch.Tensor, torch.Tensor], blocks: list[Block], scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q (wide, all local rows) and of this key/value block from `blocks`.
+    """Gradients (wide) of q (all local rows) and of this key/value block from `blocks`.
 
-    `stats` is the final (lse, delta) per query row, delta = rowsum(dO * O), both wide
-    (float32, or float64 for float64 inputs).
+    `final` is the whole attention's (output in q's dtype, lse in the wide dtype) per query row.
     """
-    lse, delta = stats
-    wide = _wide(q.dtype)
-    heads, kv_heads = q.shape[1], k.shape[1]
+    out, lse = final
+    wide, delta = _wide(q.dtype), None
     dq = torch.zeros(q.shape, dtype=wide, device=q.device)
     dk = torch.zeros(k.shape, dtype=wide, device=k.device)
     dv = torch.zeros(v.shape, dtype=wide, device=v.device)
     for block in blocks:
-        start, end, n = block.q_start, block.q_end, block.n_keys
-        grouped = _grouped(q, start, end, kv_heads)
-        row_lse = _grouped(lse[..., None], start, end, kv_heads)[..., 0]
-        row_delta = _grouped(delta[..., None], start, end, kv_heads)[..., 0]
-        d_out = _grouped(grad_out, start, end, kv_heads)
-        probs, _ = _probabilities(grouped, k, block, scale, row_lse)
-        dv[:, :, :n] += torch.matmul(probs.transpose(-1, -2).to(v.dtype), d_out).to(wide)
-        d_probs = torch.matmul(d_out, v[:, :, :n].transpose(-1, -2)).to(wide)
-        d_scores = (probs * (d_probs - row_delta[..., None]) * scale).to(q.dtype)
-        dq[:, :, start:end] += _ungrouped(torch.matmul(d_scores, k[:, :, :n]).to(wide), heads)
-        dk[:, :, :n] += torch.matmul(d_scores.transpose(-1, -2), grouped).to(wide)
+        rows, keys = slice(block.q_start, block.q_end), slice(block.k_start, block.k_end)
+        if _fused(q, block):
+            grads = _FLASH_CPU_BACKWARD(
+                grad_out[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys],
+                out[:, :, rows], lse[:, :, rows].contiguous(), 0.0, block.causal, scale=scale)
+        else:
+            if delta is None:
+                delta = (grad_out.to(wide) * out.to(wide)).sum(dim=-1)
+            grads = _math_backward(q, k, v, grad_out, (lse, delta), block, scale)
+        dq[:, :, rows] += grads[0]
+        dk[:, :, keys] += grads[1]
+        dv[:, :, keys] += grads[2]
     return dq, dk, dv

@@ -56,12 +56,6 @@ class CpGeometry:
         return plan_blocks(pos_q, pos_k, q_chunk, self.causal, q.device)
 
 
-def _stats(out: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor):
-    """(lse, delta = rowsum(dO * O)) in lse's (wide) dtype."""
-    delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(dim=-1)
-    return lse, delta
-
-
 class RingAttention(torch.autograd.Function):
     """p2p ring attention; inputs are local (B, H, S_local, D) q and (B, Hkv, S_local, D) k, v."""
 
@@ -84,7 +78,6 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         geo: CpGeometry = ctx.geo
-        stats = _stats(out, grad_out, lse)
         grad_out = grad_out.to(q.dtype)
         dq_total = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
         buffer, pending = pack(k, v), None
@@ -92,7 +85,7 @@ class RingAttention(torch.autograd.Function):
             exchange = RingExchange(buffer, geo.group, KV_TAG) if step + 1 < geo.size else None
             kk, vv = unpack(buffer, k, v)
             blocks = geo.blocks(q, (geo.rank - step) % geo.size)
-            dq, dk, dv = backward_blocks(q, kk, vv, grad_out, stats, blocks, geo.scale)
+            dq, dk, dv = backward_blocks(q, kk, vv, grad_out, (out, lse), blocks, geo.scale)
             dq_total += dq
             grads = pack(dk, dv) if pending is None else pending.wait() + pack(dk, dv)
             if geo.size > 1:  # to the block's next holder; after cp hops, to its owner
@@ -122,7 +115,6 @@ class AllGatherAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         geo: CpGeometry = ctx.geo
-        stats = _stats(out, grad_out, lse)
         grad_out = grad_out.to(q.dtype)
         rows = all_gather_rows(pack(k, v), geo.group)
         dq_total = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
@@ -130,7 +122,7 @@ class AllGatherAttention(torch.autograd.Function):
         for src in range(geo.size):
             kk, vv = unpack(rows[src], k, v)
             blocks = geo.blocks(q, src)
-            dq, dk, dv = backward_blocks(q, kk, vv, grad_out, stats, blocks, geo.scale)
+            dq, dk, dv = backward_blocks(q, kk, vv, grad_out, (out, lse), blocks, geo.scale)
             dq_total += dq
             grads.append(pack(dk, dv))
         dk, dv = unpack(reduce_scatter_rows(torch.stack(grads), geo.group), k, v)
