@@ -76,15 +76,16 @@ def check_fault_tolerance(config: DistributionConfig, *, instance_count: int,
             f"{instance_count}: every replica group is a whole number of hosts. {fix} an "
             f"instance_count that is a multiple of {n}.")
     _check_plain_sharding(degrees, n)
-    per_group = degrees.world_size // n
-    if degrees.hybrid_shard_degree != per_group:
+    per_group, shard = degrees.world_size // n, degrees.hybrid_shard_degree
+    if shard != per_group:
+        groups = degrees.world_size // shard
+        other = f", or replica_groups={groups}" if groups >= 2 and groups != n else ""
         raise ConfigError(
             f"fault_tolerance.replica_groups={n}: each group has {instance_count // n} "
             f"host(s) x {processes_per_host} processes = {per_group} ranks, but the resolved "
-            f"hybrid_shard_degree is {degrees.hybrid_shard_degree}: a replica group must be "
-            "exactly one sharding group (the replicate dimension spans the groups). Set "
-            f"hybrid_shard_degree={per_group}, or replica_groups="
-            f"{degrees.world_size // degrees.hybrid_shard_degree}.")
+            f"hybrid_shard_degree is {shard}: a replica group must be exactly one sharding "
+            "group (the replicate dimension spans the groups). Set hybrid_shard_degree="
+            f"{per_group}{other}.")
 
 
 def _check_plain_sharding(degrees: ResolvedDegrees, n: int) -> None:
