@@ -7,16 +7,23 @@ Multi-rank parity for every schedule and layout: test_pipeline_parity.py.
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from workers.hsdp_support import TinyLM, build_llama
 
 import meshtrain_runtime as mr
 from meshtrain.errors import ConfigError
 from meshtrain_runtime.parallel.blocks import find_blocks
-from meshtrain_runtime.parallel.pipeline import local_stage_indices, plan_stages, stage_bounds
+from meshtrain_runtime.parallel.pipeline import (
+    apply_pipeline,
+    local_stage_indices,
+    plan_stages,
+    stage_bounds,
+)
 
 
 def test_stage_bounds_even_uneven_and_explicit() -> None:
@@ -45,6 +52,32 @@ def test_plans_for_hf_llama_and_a_plain_module() -> None:
     tiny = TinyLM()
     plan = plan_stages(tiny, find_blocks(tiny))
     assert (plan.kind, plan.pre, plan.post) == ("plain", ["embed"], ["norm", "head"])
+
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
+        "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral_window_3", "qwen2"])
+def test_stages_chained_in_one_process_are_the_unsplit_model(name: str) -> None:
+    """Every stage's forward (rotary embeddings and the mask rebuilt per stage) run in turn
+    gives the unsplit model's logits: Mistral's sliding window (3 tokens, rows of 10) needs the
+    sliding-window mask on every stage, a causal one would attend further back."""
+    torch.manual_seed(0)
+    model = {"llama": lambda: build_llama(layers=4),
+             "mistral_window_3": lambda: MistralForCausalLM(MistralConfig(**TINY,
+                                                                          sliding_window=3)),
+             "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**TINY))}[name]()
+    params = SimpleNamespace(pipeline_parallel_degree=2, stages_per_rank=1,
+                             pipeline_split_points=None, pipeline_schedule="1F1B")
+    blocks = find_blocks(model)
+    stages = [apply_pipeline(model, blocks, params=params, pp_rank=r).stage_modules[0]
+              for r in range(2)]
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected, got = model(tokens).logits, stages[1](stages[0](tokens))
+    assert torch.allclose(got, expected, atol=1e-6), (got - expected).abs().max()
 
 
 def test_models_that_cannot_be_split_are_refused() -> None:

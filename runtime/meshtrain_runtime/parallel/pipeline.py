@@ -233,12 +233,18 @@ def _has(model: nn.Module, path: str) -> bool:
 
 
 def _hf_mask_function(model: nn.Module, blocks: list[nn.Module]) -> Any:
-    if any(getattr(b, "attention_type", "full_attention") != "full_attention" for b in blocks):
+    """The mask the unsplit model builds: causal, or sliding-window where every layer slides."""
+    types = {getattr(b, "attention_type", None) for b in blocks}
+    if types - {None, "full_attention"}:
         raise ConfigError(
-            f"{type(model).__name__} has sliding-window attention layers; pipeline stages "
-            "build the full causal mask only. Disable the sliding window in the config (e.g. "
-            "use_sliding_window=False) or use pipeline_parallel_degree=1.")
-    return sys.modules[type(blocks[0]).__module__].create_causal_mask
+            f"{type(model).__name__} has layers typed as sliding-window attention; pipeline "
+            "stages build one mask for every layer. Disable the sliding window in the config "
+            "(e.g. use_sliding_window=False) or use pipeline_parallel_degree=1.")
+    module = sys.modules[type(blocks[0]).__module__]
+    # Mistral-style models: no per-layer type, every layer slides when the config has a window
+    if types == {None} and getattr(model.config, "sliding_window", None) is not None:
+        return module.create_sliding_window_causal_mask
+    return module.create_causal_mask
 
 
 def _refuse_tied_embeddings(model: nn.Module, plan: StagePlan) -> None:
