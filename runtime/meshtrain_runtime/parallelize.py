@@ -129,7 +129,7 @@ def transform(
     model = staged if staged is not None else model
     if st.context_parallel_degree > 1:  # before checkpointing: its recompute attends across cp
         apply_context_parallel(model, block_list, ContextSettings(
-            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type))
+            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type, tp_size=st.tp_size))
     if activation_kwargs is not None:
         apply_activation_checkpointing(model, block_list, **activation_kwargs)
     if st.config.compile:  # after TP/EP and checkpointing, before FSDP2 (torchtitan's order)

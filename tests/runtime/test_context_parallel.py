@@ -19,7 +19,8 @@ pytestmark = pytest.mark.multiprocess
 PARITY = 1e-5  # float32 mean loss per step over 3 AdamW steps, same seed and global batch
 WORKER = Path(__file__).parent / "workers" / "context_parallel.py"
 LAYOUTS = ["cp2_hsdp_p2p", "cp4_p2p", "cp2_dp2_shard4_p2p", "cp2_tp2_p2p",
-           "cp2_checkpointing_p2p", "cp2_all_gather", "cp2_a2a", "cp4_all_gather"]
+           "cp2_checkpointing_p2p", "cp2_all_gather", "cp2_a2a", "cp4_all_gather",
+           "cp2_tp2_a2a"]
 CP_SIZE = {"cp4_p2p": 4, "cp4_all_gather": 4}
 
 
@@ -73,7 +74,7 @@ def test_the_cp_group_is_real_and_innermost_in_the_shard_group(records, layout) 
 
 @pytest.mark.parametrize(("case", "quoted"), [
     ("a2a_heads", "cp_comm_type='a2a' (Ulysses) scatters attention heads over the 4 cp ranks, "
-                  "but the model has 4 query and 2 key/value heads"),
+                  "but each rank has 2 query heads (2 % 4 = 2)"),
     ("odd_sequence", "sequence length 14 is not divisible by 8"),
     ("comm_type", "cp_comm_type='ring' is not one of 'p2p', 'all_gather', 'a2a'"),
     ("padding_mask", "attention_mask with masked (padding) positions"),

@@ -60,6 +60,7 @@ class ContextSettings:
     cp_size: int
     comm_type: str = "p2p"
     layout: str = "load_balanced"
+    tp_size: int = 1  # tensor parallelism splits the heads first (a2a scatters the rest)
 
 
 def check_comm_type(comm_type: str) -> None:
@@ -114,17 +115,17 @@ def _attention_interface() -> Any:
 
 
 def _check_hf_heads(model: nn.Module, settings: ContextSettings) -> None:
-    config = model.config
-    if settings.comm_type == "a2a":
-        heads = getattr(config, "num_attention_heads", None)
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        if heads is not None and (heads % settings.cp_size or kv_heads % settings.cp_size):
-            raise ConfigError(
-                f"cp_comm_type='a2a' (Ulysses) scatters attention heads over the "
-                f"{settings.cp_size} cp ranks, but the model has {heads} query and {kv_heads} "
-                f"key/value heads ({heads} % {settings.cp_size} = {heads % settings.cp_size}, "
-                f"{kv_heads} % {settings.cp_size} = {kv_heads % settings.cp_size}). Use "
-                "cp_comm_type 'p2p' or 'all_gather', or a cp degree that divides both.")
+    heads = getattr(model.config, "num_attention_heads", None)
+    if settings.comm_type != "a2a" or heads is None:
+        return
+    local, cp = heads // settings.tp_size, settings.cp_size
+    if local % cp:  # key/value heads are repeated to the query heads when they do not divide
+        per_tp = f" / tensor_parallel_degree {settings.tp_size} = {local}" if (
+            settings.tp_size > 1) else ""
+        raise ConfigError(
+            f"cp_comm_type='a2a' (Ulysses) scatters attention heads over the {cp} cp ranks, "
+            f"but each rank has {heads} query heads{per_tp} ({local} % {cp} = {local % cp}). "
+            "Use cp_comm_type 'p2p' or 'all_gather', or a cp degree that divides the heads.")
 
 
 # --- Hugging Face: the attention function and the root forward ------------------------------

@@ -47,6 +47,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "cp2_all_gather": {"context_parallel_degree": 2, "cp_comm_type": "all_gather"},
     "cp2_a2a": {"context_parallel_degree": 2, "cp_comm_type": "a2a"},
     "cp4_all_gather": {"context_parallel_degree": 4, "cp_comm_type": "all_gather"},
+    "cp2_tp2_a2a": {"context_parallel_degree": 2, "tensor_parallel_degree": 2,
+                    "cp_comm_type": "a2a"},  # 1 key/value head per tp rank: repeated for a2a
 }
 
 
@@ -171,7 +173,7 @@ def report_refusals() -> None:
         rows = batch(0)[:, :-2]  # inputs of 14 tokens: not a multiple of 2 x 4
         mr.forward_backward(model, rows[:, :-1], rows[:, 1:], loss_fn=loss_fn)
 
-    refusal("a2a_heads", {**cp4, "cp_comm_type": "a2a"}, lambda: mr.transform(build("llama")))
+    refusal("a2a_heads", {**cp4, "cp_comm_type": "a2a"}, lambda: mr.transform(build("llama2")))
     refusal("odd_sequence", cp4, odd_sequence)
     refusal("comm_type", cp4, lambda: mr.transform(build("custom"), cp_comm_type="ring"))
 

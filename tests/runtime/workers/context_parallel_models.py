@@ -50,9 +50,10 @@ class SdpaLM(nn.Module):
 
 def build(name: str) -> nn.Module:
     torch.manual_seed(0)
-    if name == "llama":
+    if name.startswith("llama"):  # "llama2": 2 heads (a2a at cp4 cannot scatter them)
+        heads = 2 if name == "llama2" else 4
         return LlamaForCausalLM(LlamaConfig(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
             num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
             tie_word_embeddings=False, attn_implementation="sdpa"))
     return SdpaLM()

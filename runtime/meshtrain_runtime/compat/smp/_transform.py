@@ -81,7 +81,7 @@ def transform(
         model = apply_model_parallel(model, st, moe_config=moe_config)
     if st.context_parallel_degree > 1:  # before the script's checkpoint wrappers
         apply_context_parallel(model, blocks, ContextSettings(
-            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type))
+            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type, tp_size=st.tp_size))
     for block in blocks:
         setattr(block, BLOCK_MARK, True)
     if device is not None and not _on_meta(model):
