@@ -231,8 +231,8 @@ def measure_ratio(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
         rounds["null_cpu"].append(cpu["null"] / cpu["by_hand"])
     from torch.distributed.fsdp import FSDPModule
 
-    # transform() wraps each stage in FSDP2 even over one data-parallel rank (the hand-written
-    # side does not): recorded, since that is where a ratio above the floor comes from
+    # FSDP2 over one data-parallel rank per stage cost 5-7 % of a step (RESULTS.md run 15);
+    # transform() skips it there now: recorded, to show what the measured side ran
     fsdp = [type(m).__name__ for m in sides["transform"].model.modules()
             if isinstance(m, FSDPModule)]
     return {"schedule": RATIO_SCHEDULE, "microbatches": args.microbatches, "rounds": rounds,

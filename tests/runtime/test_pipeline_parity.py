@@ -83,6 +83,16 @@ def test_parameter_names_are_the_unsplit_models(records) -> None:
         assert union == set.union(*(set(row["names"]) for row in pp2))
 
 
+def test_fsdp_only_where_a_stage_has_several_data_parallel_ranks(records) -> None:
+    """One data-parallel rank per stage (pp4 on 4 ranks, pp2 x tp2): no FSDP, which would
+    only copy parameters into its buffers and back (5-7 % of a pp2 step, RESULTS.md run 15);
+    two (pp2 x dp2): FSDP2 on every block."""
+    for layout, wrapped in (("1f1b_pp4", False), ("1f1b_pp2_tp2", False),
+                            ("1f1b_pp2_dp2_sharded", True), ("1f1b_pp2", True)):
+        for row in select(records, case="layout", layout=layout):
+            assert (row["fsdp_modules"] > 0) == wrapped, (layout, row["fsdp_modules"])
+
+
 @pytest.mark.parametrize(("case", "quoted"), [
     ("fewer_blocks", "The model has 4 blocks but the pipeline needs 8 stages"),
     ("uneven_batch", "forward_backward got 6 rows but microbatches=4: 6 is not a multiple of 4"),

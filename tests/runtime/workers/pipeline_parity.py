@@ -19,6 +19,7 @@ import torch.distributed as dist
 from hsdp_support import TinyLM
 from report import report
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import meshtrain_runtime as mr
@@ -106,7 +107,8 @@ def run_layout(layout: str, name: str) -> None:
     report({"case": "layout", "layout": layout, "model": name, "losses": losses, "norms": norms,
             "returned": returned, "dp_rank": st.dp_rank, "pp_rank": st.pp_rank,
             "dtype": str(loss.dtype), "shape": list(loss.shape),
-            "names": sorted(n for n, _ in model.named_parameters())})
+            "names": sorted(n for n, _ in model.named_parameters()),
+            "fsdp_modules": sum(isinstance(m, FSDPModule) for m in model.modules())})
     mr.reset()
 
 
