@@ -52,11 +52,20 @@ def test_all_gather_bytes_by_hand():
 
 
 def test_a2a_bytes_by_hand():
-    ulysses = layer("a2a")
-    # 4 all-to-alls of 3/4 of the rank's q, k, v and output, each way
-    assert ulysses.forward == ulysses.backward == 3 / 4 * (Q + K + K + Q) == 4608
-    # cp 2 (32 tokens a rank: K = 2048, Q = 4096): half of each
-    assert layer("a2a", cp=2).forward == 1 / 2 * (2 * 4096 + 2 * 2048) == 6144
+    # cp 2 (32 tokens a rank: K = 2048, Q = 4096): 4 all-to-alls of half of the rank's q, k, v
+    # and output, each way
+    ulysses = layer("a2a", cp=2)
+    assert ulysses.forward == ulysses.backward == 1 / 2 * (4096 + 2048 + 2048 + 4096) == 6144
+    # cp 4: 2 key/value heads do not split over 4 ranks: repeated to the 4 heads first (a plain
+    # module; the runtime refuses it for HF models), so k and v move as much as q: 3/4 of 4 Q
+    assert layer("a2a").forward == 3 / 4 * (4 * Q) == 6144
+    wide = TINY.model_copy(update={"num_key_value_heads": 4})
+    assert context_layer_bytes(wide, cp=4, tokens=16, compute_bytes=2, comm_type="a2a").forward \
+        == 3 / 4 * (Q + 2 * 2048 + Q) == 6144  # 4 key/value heads of 16 tokens: 2048 bytes
+    # tp 2 leaves a rank 1 key/value head for 2 cp ranks: k and v are repeated to its 2 heads
+    # first (as the runtime does), so they move as much as q (2*32*2*16 = 2048 each)
+    assert layer("a2a", cp=2, tp=2).forward == 1 / 2 * (4 * 2048) == 4096
+    assert layer("p2p", cp=2, tp=2).forward == 2 * 2 * 32 * 1 * 16  # no repeat for the ring
 
 
 def test_fp32_gradients_are_the_compute_dtype_and_tp_divides_heads():
@@ -69,7 +78,7 @@ def test_fp32_gradients_are_the_compute_dtype_and_tp_divides_heads():
 
 @pytest.mark.parametrize(("comm_type", "cp", "forward", "backward"),
                          [("p2p", 4, 6144, 22_528), ("all_gather", 4, 6144, 18_432),
-                          ("a2a", 4, 4608, 4608), ("p2p", 2, 4096, 4096 + 4 * 4096),
+                          ("a2a", 4, 6144, 6144), ("p2p", 2, 4096, 4096 + 4 * 4096),
                           ("a2a", 2, 6144, 6144)])
 def test_step_volume_counts_every_layer_and_recompute(comm_type, cp, forward, backward):
     degrees = resolve_degrees(SMPParameters(context_parallel_degree=cp), 4)
@@ -140,11 +149,11 @@ def test_refusals_before_launch_with_the_arithmetic():
         estimate_layout(TINY, _cp(4), cluster, Training(seq_len=60))
     six = TINY.model_copy(update={"num_attention_heads": 8, "num_key_value_heads": 2,
                                   "head_dim": 8})
-    with pytest.raises(ConfigError, match=r"'a2a'.*num_key_value_heads per rank is 2, not "
-                                          r"divisible by 4"):
+    with pytest.raises(ConfigError, match=r"'a2a'.*num_key_value_heads = 2 is not divisible "
+                                          r"by 4 \(2 % 4 = 2\)"):
         estimate_layout(six, _cp(4, "a2a"), cluster, Training(seq_len=64))
-    with pytest.raises(ConfigError, match=r"num_attention_heads per rank is 4 / "
-                                          r"tensor_parallel_degree 2 = 2, not divisible by 4"):
+    with pytest.raises(ConfigError, match=r"num_attention_heads / tensor_parallel_degree 2 = 2 "
+                                          r"is not divisible by 4"):
         estimate_layout(TINY.model_copy(update={"num_key_value_heads": 4}),
                         SMPParameters(context_parallel_degree=4, tensor_parallel_degree=2,
                                       hybrid_shard_degree=4, cp_comm_type="a2a"),

@@ -26,8 +26,10 @@ all-gather, a reduce-scatter or an all-to-all).
 - ``a2a`` (Ulysses): heads are scattered and the sequence gathered by all-to-alls of q, k and v
   before attention and of its output after (4 all-to-alls, ``(cp-1)/cp`` of each); backward
   runs the same four on the gradients (autograd's, in the compute dtype). Per layer: forward
-  ``(cp-1)/cp (2Q + 2K)``, backward the same. Every rank must get whole heads: ``a`` and ``g``
-  divisible by cp (Hugging Face models are refused otherwise).
+  ``(cp-1)/cp (2Q + 2K)``, backward the same. Every rank must get whole heads: the model's
+  heads and key/value heads (Hugging Face models are refused otherwise) and ``a`` divisible by
+  cp; where ``g`` is not (tensor parallelism leaves a rank fewer key/value heads than cp), k
+  and v are repeated to the ``a`` heads before the exchange, and ``K = Q``.
 
 Full recomputation repeats a checkpointed layer's forward, its collectives included.
 """
@@ -72,6 +74,8 @@ def context_layer_bytes(model: ModelSpec, *, cp: int, tokens: float, compute_byt
     elements = tokens * model.num_key_value_heads / tensor_parallel_degree * d
     k, g = compute_bytes * elements, max(compute_bytes, _F32) * elements
     q = compute_bytes * tokens * model.num_attention_heads / tensor_parallel_degree * d
+    if comm_type == "a2a" and (model.num_key_value_heads // tensor_parallel_degree) % cp:
+        k = q  # a tp rank's key/value heads do not split: repeated to the heads first
     if comm_type == "p2p":
         return ContextLayerBytes(2 * k * (cp - 1), 2 * k * (cp - 1) + 2 * g * cp)
     if comm_type == "all_gather":
@@ -101,17 +105,24 @@ def check_context_layout(model: ModelSpec, *, seq_len: int, cp: int,
             f"keeps chunks r and {2 * cp - 1}-r). Use a multiple of {2 * cp}, e.g. "
             f"{max(lower, 2 * cp)} or {lower + 2 * cp}.")
     if comm_type == "a2a":
-        tp = tensor_parallel_degree
-        for name, heads in (("num_attention_heads", model.num_attention_heads),
-                            ("num_key_value_heads", model.num_key_value_heads)):
-            if (heads // tp) % cp:
-                per = f"{heads} / tensor_parallel_degree {tp} = {heads // tp}" if tp > 1 \
-                    else str(heads)
-                raise ConfigError(
-                    f"cp_comm_type='a2a' scatters whole heads over context_parallel_degree={cp} "
-                    f"ranks, but {name} per rank is {per}, not divisible by {cp}. Use "
-                    "cp_comm_type='p2p' or 'all_gather', or a context_parallel_degree that "
-                    f"divides {heads // tp}.")
+        _check_a2a_heads(model, cp, tensor_parallel_degree)
+
+
+def _check_a2a_heads(model: ModelSpec, cp: int, tp: int) -> None:
+    """Ulysses scatters whole heads: the model's heads and key/value heads (Hugging Face models
+    are refused otherwise) and the attention heads of one tensor-parallel rank divide by cp."""
+    per_rank = model.num_attention_heads // tp
+    wholes = [("num_attention_heads", model.num_attention_heads),
+              ("num_key_value_heads", model.num_key_value_heads)]
+    if tp > 1:
+        wholes.append((f"num_attention_heads / tensor_parallel_degree {tp}", per_rank))
+    for name, heads in wholes:
+        if heads % cp:
+            raise ConfigError(
+                f"cp_comm_type='a2a' scatters whole heads over context_parallel_degree={cp} "
+                f"ranks, but {name} = {heads} is not divisible by {cp} ({heads} % {cp} = "
+                f"{heads % cp}). Use cp_comm_type='p2p' or 'all_gather', or a "
+                f"context_parallel_degree that divides {heads}.")
 
 
 def max_seq_len(fits: Callable[[int], bool | None], cp: int,
