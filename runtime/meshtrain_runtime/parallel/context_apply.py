@@ -179,10 +179,13 @@ def prepare_hf_inputs(call: dict[str, Any], settings: ContextSettings) -> dict[s
     if tokens is None:
         raise ConfigError("context parallelism needs input_ids or inputs_embeds (the chunks).")
     _drop_full_attention_mask(call)
-    if call.get("position_ids") is None:
-        call["position_ids"] = local_positions(
-            tokens.shape[1], settings.cp_rank, settings.cp_size, settings.layout,
-            device=tokens.device).unsqueeze(0).expand(tokens.shape[0], -1)
+    positions = call.get("position_ids")
+    if positions is None:
+        positions = local_positions(tokens.shape[1], settings.cp_rank, settings.cp_size,
+                                    settings.layout, device=tokens.device)
+    if positions.dim() == 1:  # context_parallel_shard's positions: one row for the batch
+        positions = positions.unsqueeze(0).expand(tokens.shape[0], -1)
+    call["position_ids"] = positions
     if call.get("labels") is not None:
         _shift_labels_globally(call, settings)
     return call

@@ -4,8 +4,9 @@ Every layout trains a tiny HF Llama and a plain module calling F.scaled_dot_prod
 (context_parallel_models.py) for STEPS AdamW steps, both ways in:
 
 - (a) the script splits each row with ``context_parallel_shard`` and calls the model itself:
-  the Llama with HF's ``labels=`` (meshtrain shifts them over the whole sequence and injects
-  the chunks' global position_ids), the plain module with position-aligned targets;
+  the Llama with HF's ``labels=`` (meshtrain shifts them over the whole sequence) and the
+  positions the split returns, the plain module with position-aligned targets (SMP's flow at
+  the end passes no positions: meshtrain injects the chunks' global position_ids);
 - (b) ``forward_backward`` with full sequences and targets, the first IGNORED of each row -100.
 
 Each rank reports the mean over every rank of its step losses (what a script would log);
@@ -60,8 +61,9 @@ def rows_of(step: int) -> torch.Tensor:
 def step_a(model: torch.nn.Module, name: str, rows: torch.Tensor) -> torch.Tensor:
     st = mr.state
     if name == "llama":  # HF's labels=: the model shifts them, across chunk borders
-        (ids,), _ = context_parallel_shard(rows[:, :-1], cp_rank=st.cp_rank, cp_size=st.cp_size)
-        loss = hf_labels_loss(model, ids)
+        (ids,), positions = context_parallel_shard(rows[:, :-1], cp_rank=st.cp_rank,
+                                                   cp_size=st.cp_size)
+        loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
     else:
         (x, y), _ = context_parallel_shard(rows[:, :-1], rows[:, 1:], cp_rank=st.cp_rank,
                                            cp_size=st.cp_size)
