@@ -24,6 +24,7 @@ _NB = "tests/examples/test_notebooks.py::"
 RUNNERS = {
     "activation_checkpointing": _EX + "test_activation_checkpointing_and_offloading",
     "kubernetes": _EX + "test_kubernetes_manifest_is_valid_for_kubectl",
+    "llama_context": "tests/examples/test_example_llama_context.py::test_llama_context_parallel",
     "llama_pipeline": _EX + "test_llama_pipeline_parallel",
     "llama_tp_hsdp": _EX + "test_llama_tensor_parallel_hybrid_sharding",
     "local_docker": "tests/docker/test_docker_example.py::"
