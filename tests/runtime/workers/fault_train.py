@@ -5,9 +5,10 @@ forward_backward, step, zero_grad. The launcher's MESHTRAIN_FT_* variables turn 
 test's checks each rank also writes, after every step, a digest of its local parameter shards and
 optimizer state keyed by the committed step count (meshtrain_runtime.fault.current_step()).
 
-Arguments: OUT STEPS INIT_SEED DELAY [HOLD]: results folder, loop iterations, the seed of the
-initial weights, seconds each step waits (data loading), and a file whose presence keeps the loop
-going past STEPS (the test removes it to let the survivor finish).
+Arguments: OUT STEPS INIT_SEED DELAY STYLE [HOLD]: results folder, loop iterations, the seed of
+the initial weights, seconds each step waits (data loading), "forward_backward" or "plain"
+(``loss.backward()`` on the model's output: the runtime then sees no loss), and a file whose
+presence keeps the loop going past STEPS (the test removes it to let the survivor finish).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def _bytes(tensor: torch.Tensor) -> bytes:
 def main() -> None:
     out, steps, init_seed, delay = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(
         sys.argv[4])
-    hold = Path(sys.argv[5]) if len(sys.argv) > 5 else None
+    plain = sys.argv[5] == "plain"
+    hold = Path(sys.argv[6]) if len(sys.argv) > 6 else None
     state = mr.init({"hybrid_shard_degree": 2})
     group, rank = os.environ["MESHTRAIN_FT_REPLICA_GROUP"], state.rank
     launch = os.environ["TEST_LAUNCH"]
@@ -82,7 +84,11 @@ def main() -> None:
     index = 0
     while index < steps or (hold is not None and hold.exists()):
         x, y = batch(state.dp_rank, index)
-        loss = mr.forward_backward(model, x, y, loss_fn=loss_fn)
+        if plain:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+        else:
+            loss = mr.forward_backward(model, x, y, loss_fn=loss_fn)
         optimizer.step()
         optimizer.zero_grad()
         lines.write(json.dumps({"index": index, "step": fault.current_step(),
