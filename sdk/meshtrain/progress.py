@@ -35,6 +35,9 @@ class Progress:
     eta_seconds: float | None = None
     elapsed_seconds: float | None = None
     """Set once the job has ended: how long it ran (shown as ``ran H:MM:SS``)."""
+    fault_tolerance: tuple[int, int, float, int] | None = None
+    """A fault-tolerant job's (live replica groups, replica groups, goodput, recoveries), from
+    the ``ft:*`` metric lines its supervisor writes (meshtrain.backends.hosts.ft_metrics)."""
 
     def summary(self) -> str:
         """One plain line, e.g. ``step 40/100 · loss 2.3100 · 1,234 tokens/s · ETA 0:01:12``."""
@@ -50,6 +53,10 @@ class Progress:
             parts.append(f"{self.tokens_per_sec:,.0f} tokens/s")
         if self.mfu is not None:
             parts.append(f"MFU {self.mfu:.1%}")
+        if self.fault_tolerance is not None:
+            live, groups, goodput, recoveries = self.fault_tolerance
+            parts.append(f"replicas {live}/{groups} · goodput {goodput:.1%} · "
+                         f"{recoveries} recover{'y' if recoveries == 1 else 'ies'}")
         if self.eta_seconds is not None:
             parts.append(f"ETA {format_duration(self.eta_seconds)}")
         return " · ".join(parts + ran)
@@ -135,7 +142,15 @@ class ProgressTracker:
         return Progress(step=self.step, total_steps=self.total_steps,
                         loss=self.values.get("train:loss"),
                         tokens_per_sec=self.values.get("train:tokens_per_sec"),
-                        mfu=self.values.get("train:mfu"), eta_seconds=self.eta_seconds())
+                        mfu=self.values.get("train:mfu"), eta_seconds=self.eta_seconds(),
+                        fault_tolerance=self._fault_tolerance())
+
+    def _fault_tolerance(self) -> tuple[int, int, float, int] | None:
+        names = ("ft:live_replicas", "ft:replica_groups", "ft:goodput", "ft:recoveries")
+        if not all(name in self.values for name in names):
+            return None
+        live, groups, goodput, recoveries = (self.values[name] for name in names)
+        return int(live), int(groups), goodput, int(recoveries)
 
 
 def progress_of_log(lines: Any, hyperparameters: Mapping[str, Any] | None = None,

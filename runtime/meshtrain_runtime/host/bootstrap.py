@@ -66,17 +66,25 @@ def build_command(contract: HostContract, script: Path, log_dir: Path | None = N
         return [PYTHON, *wrapped]
     command = [PYTHON, "-m", "meshtrain_runtime.host.agent_entry",
                "--nproc-per-node", str(contract.processes_per_host)]
-    elastic = rendezvous.elastic_arguments(os.environ, contract.job_name, len(contract.hosts))
+    # a fault-tolerant job: this host's torchrun world is its replica group's hosts only
+    world = contract.world_hosts
+    elastic = rendezvous.elastic_arguments(os.environ, _rendezvous_name(contract), len(world))
     if elastic is not None:
         command += elastic
     else:
-        command += ["--nnodes", str(len(contract.hosts))]
-        if len(contract.hosts) > 1 or names.MESHTRAIN_MASTER_PORT in os.environ:
+        command += ["--nnodes", str(len(world))]
+        if len(world) > 1 or names.MESHTRAIN_MASTER_PORT in os.environ:
             command += ["--master-addr", contract.master_addr,
                         "--master-port", str(contract.master_port),
-                        "--node-rank", str(contract.host_rank)]
+                        "--node-rank", str(contract.node_rank)]
     log_dir = log_dir or host_work_dir(contract.paths) / "torchrun"
     return [*command, "--tee", "3", "--log-dir", str(log_dir), *wrapped]
+
+
+def _rendezvous_name(contract: HostContract) -> str:
+    """The job's rendezvous id; each replica group of a fault-tolerant job meets on its own."""
+    group = contract.replica_group
+    return contract.job_name if group is None else f"{contract.job_name}-group-{group}"
 
 
 def build_environment(contract: HostContract, error_dir: Path) -> dict[str, str]:
@@ -230,9 +238,9 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
     error_dir = work_dir / "rank-errors"
     error_dir.mkdir(parents=True, exist_ok=True)
     command = build_command(contract, script, work_dir / "torchrun")
-    if contract.torch_distributed and len(contract.hosts) > 1:
-        elastic = rendezvous.elastic_arguments(os.environ, contract.job_name,
-                                               len(contract.hosts))
+    if contract.torch_distributed and len(contract.world_hosts) > 1:
+        elastic = rendezvous.elastic_arguments(os.environ, _rendezvous_name(contract),
+                                               len(contract.world_hosts))
         rendezvous.wait_until_resolvable(rendezvous.endpoint_host(elastic, contract.master_addr))
     code, tail = run_streaming(command, build_environment(contract, error_dir), paths.code_dir,
                                forwarder)

@@ -84,6 +84,30 @@ class HostContract:
         return self.hosts.index(self.current_host)
 
     @property
+    def replica_group(self) -> int | None:
+        """This host's replica group in a fault-tolerant job (the backend says), else None."""
+        value = os.environ.get(names.MESHTRAIN_FT_REPLICA_GROUP, "")
+        return int(value) if value.isdigit() else None
+
+    @property
+    def world_hosts(self) -> list[str]:
+        """The hosts of this host's torchrun world: every host, or in a fault-tolerant job
+        those of its replica group (hosts in number order, instance_count / N to a group, as
+        the backend grouped them: meshtrain.backends.hosts.replica_groups)."""
+        groups = os.environ.get(names.MESHTRAIN_FT_REPLICA_GROUPS, "")
+        group = self.replica_group
+        if group is None or not groups.isdigit() or int(groups) < 1:
+            return self.hosts
+        ordered = sorted(self.hosts, key=_host_number)
+        size = len(ordered) // int(groups)
+        return ordered[group * size:(group + 1) * size]
+
+    @property
+    def node_rank(self) -> int:
+        """This host's torchrun node rank (in its replica group's world when there is one)."""
+        return self.world_hosts.index(self.current_host)
+
+    @property
     def entry_point(self) -> str:
         return str(self.reserved.get(hp.PROGRAM, ""))
 
@@ -105,7 +129,7 @@ class HostContract:
 
     @property
     def master_addr(self) -> str:
-        return os.environ.get(names.MESHTRAIN_MASTER_ADDR) or self.hosts[0]
+        return os.environ.get(names.MESHTRAIN_MASTER_ADDR) or self.world_hosts[0]
 
     @property
     def master_port(self) -> int:
@@ -143,6 +167,11 @@ class HostContract:
             "output_intermediate_dir": str(p.output_intermediate_dir),
             "resource_config": self.resource_config, "user_entry_point": self.entry_point,
         }
+
+
+def _host_number(host: str) -> tuple[int, str]:
+    prefix, _, number = host.rpartition("-")
+    return (int(number), prefix) if number.isdigit() else (0, host)
 
 
 def build_sm_env(contract: HostContract) -> dict[str, str]:

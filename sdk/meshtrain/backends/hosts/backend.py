@@ -25,6 +25,8 @@ from meshtrain.backends.hosts.layout import (
     local_path,
     prepare_host,
 )
+from meshtrain.backends.hosts.lighthouse import check_lighthouse_installed
+from meshtrain.backends.hosts.replica_groups import ReplicaGroups, replica_groups_of
 from meshtrain.backends.hosts.s3_staging import check_s3_locations, download_checkpoints, stage_s3
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
@@ -47,6 +49,8 @@ class HostBackend:
     """How messages name its jobs ("local", "local Docker")."""
     supervisor_module = ""
     job_class: type[HostTrainingJob] = HostTrainingJob
+    supports_fault_tolerance = False
+    """Whether its supervisor runs each replica group of a fault-tolerant job on its own."""
 
     def __init__(self, target: Target | None = None,
                  jobs_dir: str | Path | None = None) -> None:
@@ -67,8 +71,24 @@ class HostBackend:
         if spec.use_spot_instances:
             raise ConfigError("use_spot_instances is not supported by local jobs.")
         _check_local_locations(check_s3_locations(spec))
+        self._check_fault_tolerance(spec)
         if not is_generated_name(spec.job_name) and self.job_directory(spec.job_name).root.exists():
             raise _name_taken(spec.job_name, self.jobs_dir)
+
+    def _check_fault_tolerance(self, spec: JobSpec) -> None:
+        """A fault-tolerant job needs this backend's support, whole hosts per replica group and
+        torchft's lighthouse on this machine (refused before anything exists)."""
+        replica_groups = replica_groups_of(spec)
+        if not replica_groups:
+            return
+        if not self.supports_fault_tolerance:
+            raise ConfigError(
+                f"torch_distributed.fault_tolerance is not run by {self.title} jobs yet: their "
+                "supervisor restarts every host together. Run it as local processes "
+                "(instance_type='local') or on Slurm, or remove fault_tolerance (max_restarts "
+                "restarts every host from the last checkpoint).")
+        ReplicaGroups.of(list(spec.hosts), replica_groups)
+        check_lighthouse_installed("beside this Python")
 
     def submit(self, spec: JobSpec) -> HostTrainingJob:
         """Create the job directory (exclusively), prepare every host and start the supervisor.

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from meshtrain.backends.hosts.artifacts import output_location
+from meshtrain.backends.hosts.ft_metrics import fault_tolerance_summary, read_step_records
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.processes import carries_token, kill_job_processes, pids_of_job
+from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS
 from meshtrain.backends.hosts.s3_staging import read_destinations
 from meshtrain.contract.jobspec import JobSpec
@@ -226,4 +228,11 @@ def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -
     for key in ("TrainingStartTime", "TrainingEndTime", "FailureReason", "FailedAttempts"):
         if key in status:
             description[key] = status[key]
+    replica_groups = replica_groups_of(spec)
+    if replica_groups:
+        records = read_step_records(job_dir.host_paths(h).output_data_dir for h in spec.hosts)
+        description["FaultTolerance"] = {
+            **fault_tolerance_summary(records, status.get("FaultToleranceEvents", []),
+                                      replica_groups),
+            **status.get("FaultToleranceLayout", {})}
     return description

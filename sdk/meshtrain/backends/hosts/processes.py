@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from meshtrain.contract.env import MESHTRAIN_JOB_TOKEN
+from meshtrain.contract.env import MESHTRAIN_FT_REPLICA_GROUP, MESHTRAIN_JOB_TOKEN
 
 SWEEP_ROUNDS = 5  # SIGKILL sweeps, for processes a dying parent forked meanwhile
 
@@ -38,6 +38,21 @@ def pids_of_job(token: str) -> list[int]:
     for entry in Path("/proc").glob("[0-9]*"):
         pid = int(entry.name)
         if pid != os.getpid() and carries_token(pid, token):
+            found.append(pid)
+    return found
+
+
+def pids_of_group(token: str, group: int) -> list[int]:
+    """Live PIDs of the job's replica group `group` (a fault-tolerant job marks every process of
+    a group's hosts with MESHTRAIN_FT_REPLICA_GROUP, which they inherit)."""
+    mark = f"{MESHTRAIN_FT_REPLICA_GROUP}={group}".encode()
+    found = []
+    for pid in pids_of_job(token):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
             found.append(pid)
     return found
 

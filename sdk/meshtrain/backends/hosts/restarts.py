@@ -15,6 +15,7 @@ import contextlib
 import shutil
 import threading
 import time
+from collections.abc import Iterable
 
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.contract.jobspec import JobSpec
@@ -34,9 +35,9 @@ def attempt_line(attempt: int, total: int, reason: str) -> str:
             "every host")
 
 
-def archive_host_records(job_dir: JobDirectory, spec: JobSpec, attempt: int) -> None:
+def archive_host_records(job_dir: JobDirectory, hosts: Iterable[str], attempt: int) -> None:
     """Move each host's failure file and work folder (rank records, torchrun logs) aside."""
-    for host in spec.hosts:
+    for host in hosts:
         paths = job_dir.host_paths(host)
         kept = job_dir.root / "hosts" / host / "attempts" / str(attempt)
         kept.mkdir(parents=True, exist_ok=True)
@@ -60,4 +61,4 @@ def restart_after_failure(job_dir: JobDirectory, spec: JobSpec, attempt: int, re
         log.write((line + "\n").encode())
     job_dir.add_transition("Restarting", f"Attempt {attempt} failed; restarting every host "
                                          f"(attempt {attempt + 1} of {total})")
-    archive_host_records(job_dir, spec, attempt)
+    archive_host_records(job_dir, spec.hosts, attempt)

@@ -4,7 +4,8 @@ Each backend whose hosts run on this machine (local processes, Docker containers
 that runs it detached (``python -m meshtrain.backends.local.supervisor DIR``) so a job outlives
 the client that submitted it, as a SageMaker job does; this shared part merges host output into
 job.log, stops the other hosts when one fails, restarts every host together after a failure
-(``torch_distributed.max_restarts``), stops hosts with a grace period (SIGTERM, then SIGKILL after
+(``torch_distributed.max_restarts``; with ``fault_tolerance`` only the failed replica group's
+hosts, see ft_run.py), stops hosts with a grace period (SIGTERM, then SIGKILL after
 ``torch_distributed.stop_grace_seconds``), enforces max_run, packs model.tar.gz and
 output.tar.gz, and records the outcome in status.json.
 
@@ -26,8 +27,10 @@ from collections import deque
 from pathlib import Path
 
 from meshtrain.backends.hosts.artifacts import output_location, package_artifacts
+from meshtrain.backends.hosts.ft_run import FaultTolerantRun
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.hosts.processes import kill_job_processes, stop_groups_gracefully
+from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS, restart_after_failure
 from meshtrain.backends.hosts.s3_staging import upload_results
 from meshtrain.contract.failures import (
@@ -67,6 +70,7 @@ class HostSupervisor:
         self.spec = job_dir.read_spec()
         self.token = job_dir.read_token()
         self.hosts: dict[str, subprocess.Popen] = {}
+        self.host_extra_env: dict[str, dict[str, str]] = {}  # a replica group's, per host
         self.tails: dict[str, deque[str]] = {}
         self.failed_hosts: list[str] = []  # hosts that failed before any was stopped
         self.resource_fault: str | None = None
@@ -90,19 +94,24 @@ class HostSupervisor:
         self.hosts, self.tails, self.failed_hosts = {}, {}, []
         checkpoint_folder(self.spec, self.job_dir).mkdir(parents=True, exist_ok=True)
         self.prepare_attempt(attempt)
-        readers = []
-        for host in self.spec.hosts:
-            self.job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
-            argv, env = self.host_process(host, attempt)
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            self.hosts[host] = proc
-            self.tails[host] = deque(maxlen=TAIL_LINES)
-            reader = threading.Thread(target=self._pump, args=(host, proc), daemon=True)
-            reader.start()
-            readers.append(reader)
-        return readers
+        return [self.start_host(host, attempt) for host in self.spec.hosts]
+
+    def start_host(self, host: str, attempt: int) -> threading.Thread:
+        """Start one host (from the main thread) and the thread that copies its output."""
+        self.job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
+        argv, env = self.host_process(host, attempt)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.hosts[host] = proc
+        self.tails[host] = deque(maxlen=TAIL_LINES)
+        reader = threading.Thread(target=self._pump, args=(host, proc), daemon=True)
+        reader.start()
+        return reader
+
+    def prepare_group(self, group: int, attempt: int) -> None:
+        """What the hosts of one replica group share, made before they start (a fault-tolerant
+        job: each group is a torchrun world of its own, with its own rendezvous)."""
 
     def _pump(self, host: str, proc: subprocess.Popen) -> None:
         """Copy one host's output into its own log and the merged job log, line by line.
@@ -238,6 +247,10 @@ class HostSupervisor:
         self.job_dir.add_transition("Training", "Training image download completed. Training in "
                                                 "progress.")
         deadline = time.monotonic() + self.spec.max_run  # max_run counts every attempt
+        if replica_groups_of(self.spec):  # each replica group fails and restarts alone
+            status, reason = FaultTolerantRun(self).run(deadline)
+            finish_job(self.job_dir, self.spec, status, reason)
+            return
         attempt = 1
         status, reason = self.run_attempt(attempt, deadline)
         while (status == "Failed" and attempt <= self.max_restarts and not self.resource_fault

@@ -30,6 +30,7 @@ class LocalBackend(HostBackend):
     title = "local"
     supervisor_module = "meshtrain.backends.local.supervisor"
     job_class = LocalTrainingJob
+    supports_fault_tolerance = True
 
     def __init__(self, target: Target | None = None, jobs_dir: str | Path | None = None,
                  **_ignored: Any) -> None:

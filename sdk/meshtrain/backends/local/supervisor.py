@@ -50,11 +50,22 @@ class LocalSupervisor(HostSupervisor):
     label = "local supervisor"
     port = 0
 
+    def __init__(self, job_dir: JobDirectory) -> None:
+        super().__init__(job_dir)
+        self.group_ports: dict[int, int] = {}  # a fault-tolerant job: one rendezvous per group
+
     def prepare_attempt(self, attempt: int) -> None:
         self.port = free_port()  # each attempt gets a fresh rendezvous
 
+    def prepare_group(self, group: int, attempt: int) -> None:
+        self.group_ports[group] = free_port()  # a restarted group meets afresh, alone
+
     def host_process(self, host: str, attempt: int) -> tuple[list[str], dict[str, str] | None]:
-        env = host_environment(self.spec, self.job_dir, host, self.port, self.token, attempt)
+        extra = self.host_extra_env.get(host, {})
+        group = extra.get(names.MESHTRAIN_FT_REPLICA_GROUP)
+        port = self.group_ports[int(group)] if group is not None else self.port
+        env = host_environment(self.spec, self.job_dir, host, port, self.token, attempt)
+        env.update(extra)
         return [sys.executable, "-m", names.BOOTSTRAP_MODULE], env
 
 

@@ -19,7 +19,11 @@ from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.degrees import resolve_degrees
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
-from meshtrain.contract.support import check_restarts_supported, check_stop_grace_supported
+from meshtrain.contract.support import (
+    check_fault_tolerance_supported,
+    check_restarts_supported,
+    check_stop_grace_supported,
+)
 from meshtrain.naming import check_job_name
 
 if TYPE_CHECKING:
@@ -250,6 +254,11 @@ def check_training_job(spec: JobSpec, target: Target, options: SageMakerOptions,
                              "SageMaker")
     check_stop_grace_supported(spec.distribution_config().torch_distributed.stop_grace_seconds,
                                "SageMaker", SAGEMAKER_STOP_GRACE_SECONDS)
+    fault_tolerance = spec.distribution_config().torch_distributed.fault_tolerance
+    check_fault_tolerance_supported(
+        fault_tolerance.replica_groups if fault_tolerance else None, "SageMaker",
+        "a SageMaker training job restarts or fails as a whole (no API restarts some of its "
+        "instances), and meshtrain cannot start torchft's lighthouse beside it")
     check_resources(spec, target, region)
     check_locations(spec, options)
     check_environment(spec.environment)

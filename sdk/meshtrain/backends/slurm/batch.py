@@ -182,7 +182,7 @@ class BatchStep:
         if "TrainingStartTime" not in status:
             status = self.job_dir.write_status(TrainingStartTime=time.time())
         if restarts:
-            archive_host_records(self.job_dir, self.spec, 1000 + restarts)
+            archive_host_records(self.job_dir, self.spec.hosts, 1000 + restarts)
             self.job_dir.add_transition("Training", f"Requeued by Slurm (run {restarts + 1}); "
                                                     "resuming from the checkpoint folder")
         else:

@@ -494,6 +494,12 @@ ML_CASES = {
     "ml-stop-grace": ({"distribution": {"torch_distributed": {"enabled": True,
                                                               "stop_grace_seconds": 300}}}, {},
                       "SageMaker sends SIGKILL 120 s after SIGTERM"),
+    "ml-fault-tolerance": ({"instance_count": 2, "distribution": {
+        "torch_distributed": {"enabled": True, "fault_tolerance": {"replica_groups": 2}},
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+            "hybrid_shard_degree": 8}}}}}, {},
+        "fault_tolerance (replica_groups=2) is not run on SageMaker: a SageMaker training job "
+        "restarts or fails as a whole"),
 }
 
 # Valid arguments that must pass every check (Estimator + build_spec + backend.validate).

@@ -1,0 +1,237 @@
+"""The backend side of fault tolerance without torchft in the ranks: replica groups, the hosts'
+environment, the lighthouse started and stopped by its pid, one failed group restarted alone
+while the other runs on (a real local job of a torch-free script), the job's figures from step
+records, and the targets that refuse it before anything exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from meshtrain import ConfigError, Estimator
+from meshtrain.backends.hosts.ft_metrics import (
+    fault_tolerance_summary,
+    progress_metrics_line,
+    read_step_records,
+)
+from meshtrain.backends.hosts.lighthouse import Lighthouse, LighthouseError
+from meshtrain.backends.hosts.processes import pids_of_job
+from meshtrain.backends.hosts.replica_groups import ReplicaGroups, ft_environment
+from meshtrain.contract import env as names
+from meshtrain.contract.fault_tolerance import FaultTolerance
+from meshtrain.progress import ProgressTracker
+
+SCRIPTS = Path(__file__).parents[1] / "e2e" / "scripts"
+
+
+def _distribution(groups: int = 2, shard: int = 1, per_host: int = 1, **ft) -> dict:
+    return {"torch_distributed": {"enabled": True, "processes_per_host": per_host,
+                                  "max_restarts": 1,
+                                  "fault_tolerance": {"replica_groups": groups, **ft}},
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+                "hybrid_shard_degree": shard}}}}
+
+
+# --- grouping and environment --------------------------------------------------------------
+
+def test_hosts_are_grouped_in_number_order():
+    hosts = [f"algo-{i}" for i in (10, 2, 1, 11, 3, 12, 4, 5, 6, 7, 8, 9)]
+    layout = ReplicaGroups.of(hosts, 3)
+    assert layout.groups == (("algo-1", "algo-2", "algo-3", "algo-4"),
+                             ("algo-5", "algo-6", "algo-7", "algo-8"),
+                             ("algo-9", "algo-10", "algo-11", "algo-12"))
+    assert layout.group_of("algo-10") == 2 and layout.first_host(1) == "algo-5"
+    with pytest.raises(ConfigError, match="replica_groups=3 does not divide instance_count=4"):
+        ReplicaGroups.of(["algo-1", "algo-2", "algo-3", "algo-4"], 3)
+
+
+def test_each_host_is_told_its_group_the_lighthouse_and_the_settings():
+    env = ft_environment(1, FaultTolerance(replica_groups=2, min_replica_groups=2),
+                         "http://127.0.0.1:5")
+    assert env[names.MESHTRAIN_FT_REPLICA_GROUP] == "1"
+    assert env[names.MESHTRAIN_FT_REPLICA_GROUPS] == "2"
+    assert env[names.MESHTRAIN_FT_LIGHTHOUSE] == "http://127.0.0.1:5"
+    assert env["MESHTRAIN_FT_MIN_REPLICA_GROUPS"] == "2"
+
+
+def test_a_host_runs_torchrun_over_its_group_only(tmp_path, monkeypatch):
+    """The bootstrap's torchrun world is the replica group: its hosts, its node rank, its
+    master (the group's first host when the backend names none)."""
+    from meshtrain.contract.paths import OptMLPaths
+    from meshtrain_runtime.host.bootstrap import build_command
+    from meshtrain_runtime.host.contract import HostContract
+    paths = OptMLPaths(tmp_path)
+    hosts = [f"algo-{i}" for i in range(1, 5)]
+    contract = HostContract(paths, {}, {}, {"sagemaker_pytorch_ddp_enabled": False},
+                            {"current_host": "algo-4", "hosts": hosts}, {}, num_gpus=0)
+    monkeypatch.setattr(HostContract, "torch_distributed", property(lambda self: True))
+    monkeypatch.setattr(HostContract, "processes_per_host", property(lambda self: 2))
+    for key in (names.MESHTRAIN_MASTER_ADDR, names.MESHTRAIN_MASTER_PORT, "PET_RDZV_BACKEND"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(names.MESHTRAIN_FT_REPLICA_GROUP, "1")
+    monkeypatch.setenv(names.MESHTRAIN_FT_REPLICA_GROUPS, "2")
+    command = build_command(contract, tmp_path / "train.py", tmp_path / "logs")
+    assert contract.world_hosts == ["algo-3", "algo-4"]
+    for flag, value in (("--nnodes", "2"), ("--node-rank", "1"), ("--master-addr", "algo-3")):
+        assert command[command.index(flag) + 1] == value, command
+    monkeypatch.delenv(names.MESHTRAIN_FT_REPLICA_GROUP)
+    command = build_command(contract, tmp_path / "train.py", tmp_path / "logs")
+    assert command[command.index("--nnodes") + 1] == "4"
+    assert command[command.index("--node-rank") + 1] == "3"
+
+
+# --- the job's figures ------------------------------------------------------------------
+
+def _records(tmp_path: Path) -> list[dict]:
+    """Group 0 steps 0-9; group 1 takes part in 0-3, dies at t=3.5, is back from step 7."""
+    folder = tmp_path / "fault_tolerance"
+    folder.mkdir()
+    lines = {0: [], 1: []}
+    for step in range(10):
+        both = step <= 3 or step >= 7
+        participants = [0, 1] if both else [0]
+        for group in participants:
+            lines[group].append(json.dumps({
+                "step": step, "replica_group": group, "participants": participants,
+                "committed": True, "time": float(step), "healed": group == 1 and step == 7,
+                "loss": 1.0}))
+    lines[1].append('{"step": 8, "replica_')  # a line cut by the kill: skipped
+    for group, text in lines.items():
+        (folder / f"replica-{group}.jsonl").write_text("\n".join(text) + "\n")
+    return read_step_records([tmp_path])
+
+
+def test_goodput_and_one_recovery_from_the_records(tmp_path):
+    records = _records(tmp_path)
+    events = [{"ReplicaGroup": 1, "FailedAt": 3.5, "RestartedAt": 4.5}]
+    summary = fault_tolerance_summary(records, events, 2)
+    assert summary["CommittedSteps"] == 10 and summary["ReplicaSteps"] == 17
+    assert summary["Goodput"] == pytest.approx(17 / 20)
+    (recovery,) = summary["Recoveries"]
+    assert recovery["ReplicaGroup"] == 1 and recovery["StepsWithoutIt"] == 3
+    assert recovery["DownSeconds"] == pytest.approx(7.0 - 3.5)
+    assert recovery["RejoinSecondsAfterRestart"] == pytest.approx(7.0 - 4.5)
+    assert recovery["RejoinedAtStep"] == 7 and summary["LiveReplicaGroups"] == 2
+
+
+def test_a_group_that_never_came_back_counts_every_step_after_it(tmp_path):
+    records = [r for r in _records(tmp_path) if not (r["replica_group"] == 1 and r["step"] >= 7)]
+    for record in records:
+        if record["step"] >= 7:
+            record["participants"] = [0]
+    summary = fault_tolerance_summary(records, [{"ReplicaGroup": 1, "FailedAt": 3.5,
+                                                 "Lost": True}], 2)
+    (recovery,) = summary["Recoveries"]
+    assert not recovery["Rejoined"] and recovery["DownSeconds"] is None
+    assert recovery["StepsWithoutIt"] == 6 and summary["LostReplicaGroups"] == [1]
+    assert summary["Goodput"] == pytest.approx(14 / 20)
+
+
+def test_the_progress_line_shows_replicas_goodput_and_recoveries(tmp_path):
+    summary = fault_tolerance_summary(_records(tmp_path), [
+        {"ReplicaGroup": 1, "FailedAt": 3.5, "RestartedAt": 4.5}], 2)
+    tracker = ProgressTracker(20)
+    tracker.feed("[meshtrain metric] train:loss=0.5 step=9")
+    assert tracker.feed(progress_metrics_line(summary))
+    assert "step 9/20 · loss 0.5000 · replicas 2/2 · goodput 85.0% · 1 recovery" in (
+        tracker.progress().summary())
+
+
+# --- the lighthouse ---------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_the_lighthouse_listens_and_is_stopped_by_its_pid(tmp_path):
+    lighthouse = Lighthouse(tmp_path / "lighthouse.log")
+    address = lighthouse.start()
+    try:
+        host, port = address.removeprefix("http://").rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()
+        assert _pid_alive(lighthouse.pid)
+    finally:
+        lighthouse.stop()
+    assert not _pid_alive(lighthouse.pid)
+
+
+def test_a_lighthouse_that_cannot_start_fails_with_its_log(tmp_path):
+    lighthouse = Lighthouse(tmp_path / "lighthouse.log", bind_host="not-an-address")
+    with pytest.raises(LighthouseError, match=r"lighthouse exited with code .*its log"):
+        lighthouse.start()
+    assert not _pid_alive(lighthouse.pid)
+
+
+# --- a real local job: one group restarted, the other never touched ----------------------
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_only_the_failed_group_restarts_while_the_other_runs_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
+                    jobs_dir=str(tmp_path / "jobs"), distribution=_distribution(),
+                    environment={"FT_TEST_DIR": str(shared)}).fit(wait=False, job_name="ft")
+    started = _wait_for(lambda: ((shared / "start-1-1.json").exists()
+                        and (shared / "start-0-1.json").exists()) or job.job_dir.read_status()
+                        .get("TrainingJobStatus") != "InProgress", 90)
+    assert started and (shared / "start-1-1.json").exists(), job.job_dir.log_file.read_text()
+    first = json.loads((shared / "start-1-1.json").read_text())
+    layout = job.job_dir.read_status()["FaultToleranceLayout"]
+    lighthouse_pid = layout["LighthousePid"]
+    assert _pid_alive(lighthouse_pid) and first["MESHTRAIN_FT_LIGHTHOUSE"] == layout["Lighthouse"]
+    ticks_before = _ticks(shared)
+    os.kill(first["pid"], 9)  # SIGKILL one rank of replica group 1
+    job.wait(logs=False)
+    description = job.describe()
+    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
+    group0 = json.loads((shared / "start-0-1.json").read_text())
+    assert group0["WORLD_SIZE"] == "1" and first["WORLD_SIZE"] == "1"  # one world per group
+    assert group0["MASTER_PORT"] != first["MASTER_PORT"]
+    assert not (shared / "start-0-2.json").exists()  # group 0 never restarted
+    assert (shared / "start-1-2.json").exists() and (shared / "group-1-back").exists()
+    assert _ticks(shared) > ticks_before + 5  # group 0 kept ticking through and after it
+    (event,) = job.job_dir.read_status()["FaultToleranceEvents"]
+    assert event["ReplicaGroup"] == 1 and event["RestartedAt"] > event["FailedAt"]
+    assert "SIGKILL" in event["FailureReason"]
+    (recovery,) = description["FaultTolerance"]["Recoveries"]
+    assert recovery["ReplicaGroup"] == 1
+    log = job.job_dir.log_file.read_text()
+    assert "replica group 1 (algo-2) failed" in log and "restarting only its hosts" in log
+    assert not _pid_alive(lighthouse_pid) and pids_of_job(job.token) == []
+
+
+def _ticks(shared: Path) -> int:
+    path = shared / "ticks-0.txt"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# --- targets that do not run it refuse before anything exists ----------------------------
+
+def test_local_docker_refuses_it_before_any_job_directory(tmp_path):
+    estimator = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
+                          instance_type="local_docker", jobs_dir=str(tmp_path / "jobs"),
+                          distribution=_distribution())
+    with pytest.raises(ConfigError, match="not run by local Docker jobs yet"):
+        estimator.fit(wait=False)
+    assert not (tmp_path / "jobs").exists()
