@@ -94,9 +94,9 @@ def check_fault_tolerance_supported(replica_groups: int | None, target: str, why
     if replica_groups:
         raise ConfigError(
             f"torch_distributed.fault_tolerance (replica_groups={replica_groups}) is not run on "
-            f"{target}: {why}. Run it as local processes or on Slurm, or remove fault_tolerance "
-            "(max_restarts restarts every host from the last checkpoint where the target "
-            "supports it).")
+            f"{target}: {why}. Run it as local processes (instance_type='local'), or remove "
+            "fault_tolerance (max_restarts restarts every host from the last checkpoint where "
+            "the target supports it).")
 
 
 def check_stop_grace_supported(grace_seconds: int, target: str, limit: int) -> None:
