@@ -38,6 +38,7 @@ pytestmark = pytest.mark.multiprocess
 SHARD = 2
 GROUPS = 2
 DELAY = 0.15  # seconds per step (data loading): the survivor steps while group 1 restarts
+PAUSE_AT = 4  # group 1 is killed in this step, after its quorum, before its gradients
 REJOIN_BOUND = 120  # seconds from the restart to its first (healed) step: a hang, not a speed
 RECORD_KEYS = {"step", "replica_group", "participants", "committed", "time", "healed", "loss",
                "effective_batch"}
@@ -61,7 +62,7 @@ class Job:
         self.processes: dict[tuple[int, str], list[subprocess.Popen]] = {}
 
     def launch(self, group: int, launch: str, steps: int, init_seed: int, *,
-               style: str = "forward_backward", hold: bool = False) -> None:
+               style: str = "forward_backward", hold: bool = False, pause_at: int = -1) -> None:
         port = _free_port()
         procs = []
         for rank in range(SHARD):
@@ -72,7 +73,8 @@ class Job:
                    names.MESHTRAIN_FT_REPLICA_GROUP: str(group),
                    names.MESHTRAIN_FT_REPLICA_GROUPS: str(GROUPS),
                    names.MESHTRAIN_FT_LIGHTHOUSE: self.lighthouse,
-                   "MESHTRAIN_FT_QUORUM_TIMEOUT_SECONDS": "30", "TEST_LAUNCH": launch}
+                   "MESHTRAIN_FT_QUORUM_TIMEOUT_SECONDS": "30", "TEST_LAUNCH": launch,
+                   "TEST_PAUSE_AT": str(pause_at)}
             env.pop("SM_HP_MP_PARAMETERS", None)
             log = (self.root / f"log-g{group}-r{rank}-{launch}.txt").open("w")
             procs.append(subprocess.Popen(
@@ -87,10 +89,12 @@ class Job:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line]
 
-    def digests(self, group: int, rank: int, launch: str) -> dict[int, str]:
+    def digest_lines(self, group: int, rank: int, launch: str) -> list[dict[str, Any]]:
         path = self.out / f"digest-g{group}-r{rank}-{launch}.jsonl"
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line]
-        return {line["step"]: line["digest"] for line in lines}
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+    def digests(self, group: int, rank: int, launch: str) -> dict[int, str]:
+        return {line["step"]: line["digest"] for line in self.digest_lines(group, rank, launch)}
 
     def wait_for(self, what: str, condition, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -167,12 +171,10 @@ def test_a_killed_group_restarts_heals_from_its_peer_and_the_other_trains_throug
     job.hold.touch()
     try:
         job.launch(0, "first", steps=4, init_seed=0, hold=True)
-        job.launch(1, "first", steps=1000, init_seed=0)
-
-        def both_committed(n: int) -> bool:
-            return sum(r["committed"] for r in job.records(1)) >= n
-
-        job.wait_for("4 steps of both groups", lambda: both_committed(4), timeout=120)
+        job.launch(1, "first", steps=1000, init_seed=0, pause_at=PAUSE_AT)
+        paused = job.out / "paused-g1-r1"
+        job.wait_for("group 1 to pause in step 4's forward", paused.exists, timeout=120)
+        time.sleep(0.5)  # group 0 reaches step 4's gradient average and waits there for group 1
         kill_started = time.time()
         job.kill_group(1, "first")
         killed_at = time.time()
@@ -202,6 +204,15 @@ def check_records(job: Job, kill: tuple[float, float], restarted_at: float,
     # the survivor's step counter rises through the failure, >= 3 steps alone
     steps = [r["step"] for r in survivor if r["committed"]]
     assert steps == list(range(len(steps))), steps
+    # the step the failure interrupted did not commit and changed nothing; it ran again alone
+    failed = [r for r in survivor if not r["committed"]]
+    assert failed and failed[0]["step"] == PAUSE_AT and failed[0]["participants"] == [0, 1]
+    rerun = survivor[survivor.index(failed[0]) + 1]
+    assert (rerun["step"], rerun["participants"], rerun["committed"]) == (PAUSE_AT, [0], True)
+    for rank in range(SHARD):
+        lines = job.digest_lines(0, rank, "first")
+        assert lines[PAUSE_AT]["step"] == PAUSE_AT  # the uncommitted step: the count stays
+        assert lines[PAUSE_AT]["digest"] == lines[PAUSE_AT - 1]["digest"]
     alone = [r for r in survivor if r["committed"] and r["participants"] == [0]]
     assert len(alone) >= 3, survivor
     assert all(killed_at - 1 < r["time"] for r in alone)

@@ -9,6 +9,8 @@ Arguments: OUT STEPS INIT_SEED DELAY STYLE [HOLD]: results folder, loop iteratio
 the initial weights, seconds each step waits (data loading), "forward_backward" or "plain"
 (``loss.backward()`` on the model's output: the runtime then sees no loss), and a file whose
 presence keeps the loop going past STEPS (the test removes it to let the survivor finish).
+TEST_PAUSE_AT=i: at loop iteration i the model's forward writes OUT/paused-g<g>-r<rank> and
+sleeps, so that the test kills this group while its peers wait in the step's gradient average.
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ class Tiny(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Linear(FEATURES, FEATURES) for _ in range(2))
         self.head = nn.Linear(FEATURES, 1)
+        self.pause: Path | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pause is not None:  # after this step's quorum, before its gradients
+            self.pause.write_text("")
+            time.sleep(60)
         for block in self.blocks:
             x = torch.tanh(block(x))
         return self.head(x)
@@ -81,9 +87,12 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     loss_fn = nn.functional.mse_loss
     lines = (out / f"digest-g{group}-r{rank}-{launch}.jsonl").open("a")
+    pause_at = int(os.environ.get("TEST_PAUSE_AT", "-1"))
     index = 0
     while index < steps or (hold is not None and hold.exists()):
         x, y = batch(state.dp_rank, index)
+        if index == pause_at:
+            model.pause = out / f"paused-g{group}-r{rank}"
         if plain:
             loss = loss_fn(model(x), y)
             loss.backward()
