@@ -21,10 +21,12 @@ by hand here from the same seeded full tensors.
    phase and per rank, or the planner is wrong.
 2. Step time. Forward + backward of the cp attention against the same layout written by hand
    with torch for the all_gather type (torch has no CPU ring attention): one all_gather of the
-   packed k and v, ``F.scaled_dot_product_attention`` over the gathered keys with the causal
-   mask over global positions (the gathered order is rank order, so the mask compares the
-   positions of both), and in backward a reduce-scatter of the packed gradients (an
-   all_to_all_single and a sum: gloo has it for every dtype). A second hand-written copy is
+   packed k and v, put in global order, then per local chunk (its positions are contiguous)
+   ``F.scaled_dot_product_attention`` against the prefix of keys it can see, with the causal
+   mask over global positions on that prefix (a careful engineer skips the keys after the
+   chunk, as meshtrain's blockwise attention does), and in backward (autograd) a
+   reduce-scatter of the packed gradients (an all_to_all_single and a sum: gloo has it for
+   every dtype). A second hand-written copy is
    the null layout (what "no overhead" reads as). meshtrain's p2p and a2a are timed in the same
    rounds against the same baseline, for the record. Interleaved rounds (sides in order, then
    reversed), wall-clock and CPU-time ratios per round (overhead.timed), quartiles.
@@ -205,12 +207,18 @@ def by_hand_attention() -> Any:
     def attention(q: Any, k: Any, v: Any) -> Any:
         rank, cp = dist.get_rank(), dist.get_world_size()
         local = q.shape[2]
-        kv = GatherSeq.apply(torch.cat([k, v], dim=1))  # one collective for both
-        k_all, v_all = kv.split(k.shape[1], dim=1)
-        pos_k = torch.cat([positions(local, r, cp) for r in range(cp)])
-        mask = pos_k[None, :] <= positions(local, rank, cp)[:, None]
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                              enable_gqa=k.shape[1] != q.shape[1])
+        kv = GatherSeq.apply(torch.cat([k, v], dim=1))  # one collective for both, rank order
+        order = torch.argsort(torch.cat([positions(local, r, cp) for r in range(cp)]))
+        k_all, v_all = kv.index_select(2, order).split(k.shape[1], dim=1)  # global order
+        outs, chunk = [], local // 2
+        for index, c in enumerate((rank, 2 * cp - 1 - rank)):
+            # chunk c sees the keys before its end only: a prefix, masked on its diagonal
+            seen = (c + 1) * chunk
+            mask = torch.arange(seen)[None, :] <= torch.arange(c * chunk, seen)[:, None]
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, index * chunk:(index + 1) * chunk], k_all[:, :, :seen],
+                v_all[:, :, :seen], attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]))
+        return torch.cat(outs, dim=2)
 
     return attention
 
