@@ -232,3 +232,16 @@ def test_cli_shows_cp_layouts_and_their_longest_sequence(monkeypatch):
     with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(io.StringIO()):
         plan_main(["--num-params", "7e9", "--gpus", "8", "--cp-comm-type", "ring"])
     assert exit_info.value.code == 2
+
+
+def test_preflight_refusal_suggests_a_cp_layout_of_the_jobs_comm_type():
+    model = ModelSpec(name="mid", hidden_size=4096, num_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, intermediate_size=14_336, vocab_size=128_256)
+    with pytest.raises(ConfigError) as refused:
+        preflight({"torch_distributed": {"enabled": True},
+                   "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+                       "context_parallel_degree": 2, "cp_comm_type": "a2a"}}}},
+                  model=model, instance_type="ml.p4d.24xlarge", seq_len=131_072)
+    message = str(refused.value)
+    assert "does not fit" in message and "cp 8" in message  # 128K tokens need cp 8 here
+    assert '"context_parallel_degree": 8' in message and '"cp_comm_type": "a2a"' in message

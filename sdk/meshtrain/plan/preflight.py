@@ -96,11 +96,13 @@ def _refusal(spec: ModelSpec, estimate: LayoutEstimate, plan: Plan, build: Any) 
                  f"({terms.schedule}, microbatches={terms.microbatches})\n")
     pipeline = PipelineOptions(estimate.parameters.microbatches if estimate.pipeline else None,
                                estimate.parameters.pipeline_schedule)
-    alternative = plan_layouts(spec, cluster, training, pipeline=pipeline).best
+    comm_type = estimate.parameters.cp_comm_type  # cp suggestions keep the job's type
+    alternative = plan_layouts(spec, cluster, training, pipeline=pipeline,
+                               cp_comm_type=comm_type).best
     if alternative is not None and alternative.fits:
         return head + _suggest(alternative, "A layout that fits on this cluster")
     found = smallest_fitting_count(spec, training, build, above=cluster.num_nodes,
-                                   pipeline=pipeline)
+                                   pipeline=pipeline, cp_comm_type=comm_type)
     if found is None:
         return head + ("No layout fits on up to 512 instances of this type: use GPUs with more "
                        "memory, a shorter sequence or a smaller micro-batch.")
