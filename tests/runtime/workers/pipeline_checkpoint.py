@@ -6,10 +6,11 @@ HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, ex
 state dict (DIR/export_pp), then trains on and reports the losses of the steps after the save.
 load: 2 ranks without pipelining (full shard) build the model from another seed,
 load_checkpoint, export (DIR/export_plain) and save again without pipelining (DIR/plain), then
-train the same steps. load_pp4: pp4 loads the pp2 x dp2 checkpoint (another pipeline degree)
-and saves it again (DIR/pp4: one rank per stage, so plain tensors, not FSDP's DTensors); then,
-in the same launch, pp2 x dp2 loads the checkpoint saved without pipelining, and the pp4 one.
-The losses and the exports must match (tests/runtime/test_pipeline_checkpoint.py).
+train the same steps. load_pp4: pp4 loads the pp2 x dp2 checkpoint (another pipeline degree),
+exports (DIR/export_pp4) and saves it again (DIR/pp4: one rank per stage, so plain tensors,
+not FSDP's DTensors); then, in the same launch, pp2 x dp2 loads the checkpoint saved without
+pipelining, and the pp4 one. The losses and the exports must match
+(tests/runtime/test_pipeline_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def run(case: str, parameters: dict, directory: str) -> None:
         export_full_state_dict(model, f"{directory}/export_plain")
         mr.save_checkpoint(f"{directory}/plain", model, optimizer, step=SAVE_AT)
     if case == "load_pp4":  # pp4 on 4 ranks: one rank per stage, plain tensors (no FSDP)
+        export_full_state_dict(model, f"{directory}/export_pp4")
         mr.save_checkpoint(f"{directory}/pp4", model, optimizer, step=SAVE_AT)
     losses = train_steps(model, optimizer, range(SAVE_AT, STEPS))
     report({"case": case, "losses": losses, "pp_size": mr.state.pp_size,
