@@ -1,8 +1,8 @@
 """A checkpoint saved by pp2 x dp2 (4 gloo ranks) resumes without pipelining on 2 ranks with the
 same losses, optimizer state included, and at pp4 on 4 ranks; ones saved without pipelining and
 at pp4 (plain tensors: one rank per stage) resume at pp2 x dp2; the pipelined models' full
-exports (pp2 x dp2, pp4) equal the unpipelined model's (three launches, ~70 s together on a
-quiet 2-core box, 2-5 min at load 15-30)."""
+exports (pp2 x dp2, pp4) equal the unpipelined model's (three launches, 70-120 s together
+on the 2-core box at load 12-30)."""
 
 from __future__ import annotations
 
