@@ -90,4 +90,12 @@ def current_step() -> int | None:
     return None if _session is None else int(_session.manager.current_step())
 
 
-__all__ = ["attach_model", "current_step", "note_loss", "session", "start"]
+def step_to_run() -> int | None:
+    """The number of the step about to run, for choosing its data: starts the step's quorum now
+    (a restarted group heals here, so it reads the rows of the job's step, not of its loop's
+    first iteration). Call it once per step, before the step's forward; None when the job is not
+    fault-tolerant."""
+    return None if _session is None else _session.step_to_run()
+
+
+__all__ = ["attach_model", "current_step", "note_loss", "session", "start", "step_to_run"]

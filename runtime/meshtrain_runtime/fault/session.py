@@ -115,6 +115,15 @@ class FaultSession:
             self.first_quorum = False
         self.needs_quorum = False
 
+    def step_to_run(self) -> int:
+        """Start the coming step's quorum now (healing first if needed); return its number."""
+        if self.model is None:
+            raise RuntimeError("meshtrain_runtime.fault.step_to_run() needs the transformed "
+                               "model: call it after transform().")
+        if self.needs_quorum:
+            self.begin_step()
+        return int(self.manager.current_step())
+
     def _await_all_groups(self) -> None:
         """At the job's start (step 0) wait for every group, so that all begin together; a
         group that joins a running job (step > 0 after healing) goes on at once. The decision

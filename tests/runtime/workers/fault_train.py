@@ -1,9 +1,12 @@
 """A plain hybrid-sharded training script, run per replica group by test_fault_tolerance.py.
 
-Nothing in the training loop knows about fault tolerance: init(), transform(), a torch optimizer,
-forward_backward, step, zero_grad. The launcher's MESHTRAIN_FT_* variables turn it on. For the
-test's checks each rank also writes, after every step, a digest of its local parameter shards and
-optimizer state keyed by the committed step count (meshtrain_runtime.fault.current_step()).
+The training loop is a plain one: init(), transform(), a torch optimizer, forward_backward (or
+loss.backward()), step, zero_grad; the launcher's MESHTRAIN_FT_* variables turn fault tolerance
+on. Its one use of the fault API: each step's rows are chosen by the job's step number
+(meshtrain_runtime.fault.step_to_run()), so a restarted group reads the rows of the step it joins
+and the test can replay the job in one process. For the test's checks each rank also writes,
+after every step, a digest of its local parameter shards and optimizer state keyed by the
+committed step count (meshtrain_runtime.fault.current_step()).
 
 Arguments: OUT STEPS INIT_SEED DELAY STYLE [HOLD]: results folder, loop iterations, the seed of
 the initial weights, seconds each step waits (data loading), "forward_backward" or "plain"
@@ -90,7 +93,7 @@ def main() -> None:
     pause_at = int(os.environ.get("TEST_PAUSE_AT", "-1"))
     index = 0
     while index < steps or (hold is not None and hold.exists()):
-        x, y = batch(state.dp_rank, index)
+        x, y = batch(state.dp_rank, fault.step_to_run())
         if index == pause_at:
             model.pause = out / f"paused-g{group}-r{rank}"
         if plain:
