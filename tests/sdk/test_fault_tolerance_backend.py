@@ -129,6 +129,7 @@ def test_a_group_that_never_came_back_counts_every_step_after_it(tmp_path):
     (recovery,) = summary["Recoveries"]
     assert not recovery["Rejoined"] and recovery["DownSeconds"] is None
     assert recovery["StepsWithoutIt"] == 6 and summary["LostReplicaGroups"] == [1]
+    assert summary["LiveReplicaGroups"] == 1
     assert summary["Goodput"] == pytest.approx(14 / 20)
 
 
@@ -232,6 +233,35 @@ def test_local_docker_refuses_it_before_any_job_directory(tmp_path):
     estimator = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
                           instance_type="local_docker", jobs_dir=str(tmp_path / "jobs"),
                           distribution=_distribution())
-    with pytest.raises(ConfigError, match="not run by local Docker jobs yet"):
+    with pytest.raises(ConfigError, match="not run on local Docker jobs: its supervisor restarts"):
         estimator.fit(wait=False)
     assert not (tmp_path / "jobs").exists()
+
+
+def test_kubernetes_refuses_it_before_rendering(tmp_path):
+    from meshtrain import kubernetes
+
+    (tmp_path / "train.py").write_text("print('training')\n")
+    estimator = Estimator("train.py", source_dir=str(tmp_path), instance_count=2,
+                          instance_type="ml.p4d.24xlarge", image_uri="meshtrain:test",
+                          distribution=_distribution(shard=8, per_host=8))
+    with pytest.raises(ConfigError, match="not run on Kubernetes: the operator restarts"):
+        kubernetes.render_all(estimator, job_name="ft")
+
+
+def test_slurm_refuses_it_with_the_reason(tmp_path):
+    from meshtrain.backends.slurm.backend import SlurmBackend
+
+    spec = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
+                     jobs_dir=str(tmp_path / "jobs"), distribution=_distribution()).build_spec(
+        None, "ft")
+    with pytest.raises(ConfigError, match="not run on Slurm jobs: one sbatch allocation"):
+        SlurmBackend(jobs_dir=tmp_path / "jobs")._check_fault_tolerance(spec)
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_failed_group_is_not_live_before_the_next_step_says_so(tmp_path):
+    records = [r for r in _records(tmp_path) if r["step"] <= 3]  # both took part in step 3
+    summary = fault_tolerance_summary(records, [{"ReplicaGroup": 1, "FailedAt": 3.5,
+                                                 "RestartedAt": 4.0}], 2)
+    assert summary["LiveReplicaGroups"] == 1 and summary["Goodput"] == 1.0

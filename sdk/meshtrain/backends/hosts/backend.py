@@ -32,6 +32,7 @@ from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.support import check_fault_tolerance_supported
 from meshtrain.job import TERMINAL_STATUSES
 from meshtrain.naming import is_generated_name, with_random_suffix
 
@@ -51,6 +52,8 @@ class HostBackend:
     job_class: type[HostTrainingJob] = HostTrainingJob
     supports_fault_tolerance = False
     """Whether its supervisor runs each replica group of a fault-tolerant job on its own."""
+    fault_tolerance_refusal = "its supervisor restarts every host together"
+    """Why a backend without that support refuses torch_distributed.fault_tolerance."""
 
     def __init__(self, target: Target | None = None,
                  jobs_dir: str | Path | None = None) -> None:
@@ -82,11 +85,8 @@ class HostBackend:
         if not replica_groups:
             return
         if not self.supports_fault_tolerance:
-            raise ConfigError(
-                f"torch_distributed.fault_tolerance is not run by {self.title} jobs yet: their "
-                "supervisor restarts every host together. Run it as local processes "
-                "(instance_type='local') or on Slurm, or remove fault_tolerance (max_restarts "
-                "restarts every host from the last checkpoint).")
+            check_fault_tolerance_supported(replica_groups, f"{self.title} jobs",
+                                            self.fault_tolerance_refusal)
         ReplicaGroups.of(list(spec.hosts), replica_groups)
         check_lighthouse_installed("beside this Python")
 

@@ -94,7 +94,9 @@ def fault_tolerance_summary(records: list[dict[str, Any]], events: list[dict[str
     steps = step_participants(records)
     replica_steps = sum(len(groups) for groups in steps.values())
     capacity = replica_groups * len(steps)
-    latest = steps[max(steps)] if steps else set()
+    recoveries = [recovery(event, records, steps) for event in events]
+    down = {r["ReplicaGroup"] for r in recoveries if not r["Rejoined"]}
+    latest = (steps[max(steps)] if steps else set()) - down  # a failed group is not live
     return {
         "ReplicaGroups": replica_groups,
         "Goodput": round(replica_steps / capacity, 6) if capacity else None,
@@ -102,7 +104,7 @@ def fault_tolerance_summary(records: list[dict[str, Any]], events: list[dict[str
         "CommittedSteps": len(steps),
         "ReplicaSteps": replica_steps,
         "LiveReplicaGroups": len(latest),
-        "Recoveries": [recovery(event, records, steps) for event in events],
+        "Recoveries": recoveries,
         "LostReplicaGroups": sorted({int(e["ReplicaGroup"]) for e in events
                                      if e.get("Lost")}),
     }

@@ -87,7 +87,7 @@ class FaultTolerantRun:
         except LighthouseError as error:
             return "Failed", f"ClientError: {error}"
         self.sup.job_dir.write_status(FaultToleranceLayout={
-            "ReplicaGroups": [list(g.hosts) for g in self.groups], "Lighthouse": address,
+            "ReplicaGroupHosts": [list(g.hosts) for g in self.groups], "Lighthouse": address,
             "LighthousePid": self.lighthouse.pid, "RestartsPerGroup": self.budget})
         self._log(f"fault tolerance: {len(self.groups)} replica groups "
                   f"({'; '.join(', '.join(g.hosts) for g in self.groups)}), lighthouse "

@@ -24,6 +24,7 @@ from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.contract.paths import DEFAULT_BASE_DIR, OptMLPaths
+from meshtrain.contract.support import check_fault_tolerance_supported
 from meshtrain.targets import Target
 
 MAX_CONFIGMAP_CODE_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB in all
@@ -257,6 +258,12 @@ def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTor
     if rendezvous and kind != "PyTorchJob":
         raise ConfigError("rendezvous= is rendered for PyTorchJob only (a TrainJob's runtime "
                           "owns its rendezvous).")
+    fault_tolerance = spec.distribution_config().torch_distributed.fault_tolerance
+    check_fault_tolerance_supported(
+        fault_tolerance.replica_groups if fault_tolerance else None, "Kubernetes",
+        "the operator restarts a PyTorchJob or TrainJob as one world, while each replica group "
+        "must be a world of its own (one job per group, told its group and a torchft "
+        "lighthouse Service), which this build does not render yet")
     checks.check_kind(kind)
     checks.check_namespace(namespace)
     resources = node_resources(spec, target)

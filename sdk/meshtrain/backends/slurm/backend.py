@@ -32,6 +32,10 @@ class SlurmBackend(HostBackend):
 
     name = "slurm"
     title = "Slurm"
+    fault_tolerance_refusal = (
+        "one sbatch allocation holds every node, and a dead node requeues the whole job; "
+        "restarting one replica group alone needs one sbatch job per group (each requeued on "
+        "its own) and a lighthouse every group reaches, which this build does not submit yet")
     supervisor_module = "meshtrain.backends.slurm.submit"
     job_class = SlurmTrainingJob
 
