@@ -1,14 +1,13 @@
-"""The backend side of fault tolerance without torchft in the ranks: replica groups, the hosts'
-environment, the lighthouse started and stopped by its pid, one failed group restarted alone
-while the other runs on (a real local job of a torch-free script), the job's figures from step
-records, and the targets that refuse it before anything exists."""
+"""The backend side of fault tolerance without a job: replica groups, the hosts' environment and
+torchrun world, the lighthouse started and stopped by its pid, the job's figures from step
+records, and the targets that refuse it before anything exists. A real job, whose killed group
+alone is restarted, is tests/e2e/test_fault_tolerance.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from meshtrain.backends.hosts.ft_metrics import (
     read_step_records,
 )
 from meshtrain.backends.hosts.lighthouse import Lighthouse, LighthouseError
-from meshtrain.backends.hosts.processes import pids_of_job
 from meshtrain.backends.hosts.replica_groups import ReplicaGroups, ft_environment
 from meshtrain.contract import env as names
 from meshtrain.contract.fault_tolerance import FaultTolerance
@@ -173,64 +171,10 @@ def test_a_lighthouse_that_cannot_start_fails_with_its_log(tmp_path):
     assert not _pid_alive(lighthouse.pid)
 
 
-# --- a real local job: one group restarted, the other never touched ----------------------
-
-@pytest.mark.e2e
-@pytest.mark.multiprocess
-def test_only_the_failed_group_restarts_while_the_other_runs_on(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    job = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
-                    jobs_dir=str(tmp_path / "jobs"), distribution=_distribution(),
-                    environment={"FT_TEST_DIR": str(shared)}).fit(wait=False, job_name="ft")
-    started = _wait_for(lambda: ((shared / "start-1-1.json").exists()
-                        and (shared / "start-0-1.json").exists()) or job.job_dir.read_status()
-                        .get("TrainingJobStatus") != "InProgress", 90)
-    assert started and (shared / "start-1-1.json").exists(), job.job_dir.log_file.read_text()
-    first = json.loads((shared / "start-1-1.json").read_text())
-    layout = job.job_dir.read_status()["FaultToleranceLayout"]
-    lighthouse_pid = layout["LighthousePid"]
-    assert _pid_alive(lighthouse_pid) and first["MESHTRAIN_FT_LIGHTHOUSE"] == layout["Lighthouse"]
-    ticks_before = _ticks(shared)
-    os.kill(first["pid"], 9)  # SIGKILL one rank of replica group 1
-    job.wait(logs=False)
-    description = job.describe()
-    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
-    group0 = json.loads((shared / "start-0-1.json").read_text())
-    assert group0["WORLD_SIZE"] == "1" and first["WORLD_SIZE"] == "1"  # one world per group
-    assert group0["MASTER_PORT"] != first["MASTER_PORT"]
-    assert not (shared / "start-0-2.json").exists()  # group 0 never restarted
-    assert (shared / "start-1-2.json").exists() and (shared / "group-1-back").exists()
-    assert _ticks(shared) > ticks_before + 5  # group 0 kept ticking through and after it
-    (event,) = job.job_dir.read_status()["FaultToleranceEvents"]
-    assert event["ReplicaGroup"] == 1 and event["RestartedAt"] > event["FailedAt"]
-    assert "SIGKILL" in event["FailureReason"]
-    (recovery,) = description["FaultTolerance"]["Recoveries"]
-    assert recovery["ReplicaGroup"] == 1
-    log = job.job_dir.log_file.read_text()
-    assert "replica group 1 (algo-2) failed" in log and "restarting only its hosts" in log
-    assert not _pid_alive(lighthouse_pid) and pids_of_job(job.token) == []
-
-
-def _ticks(shared: Path) -> int:
-    path = shared / "ticks-0.txt"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 # --- targets that do not run it refuse before anything exists ----------------------------
 
 def test_local_docker_refuses_it_before_any_job_directory(tmp_path):
-    estimator = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
+    estimator = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_count=2,
                           instance_type="local_docker", jobs_dir=str(tmp_path / "jobs"),
                           distribution=_distribution())
     with pytest.raises(ConfigError, match="not run on local Docker jobs: its supervisor restarts"):
@@ -252,7 +196,7 @@ def test_kubernetes_refuses_it_before_rendering(tmp_path):
 def test_slurm_refuses_it_with_the_reason(tmp_path):
     from meshtrain.backends.slurm.backend import SlurmBackend
 
-    spec = Estimator("ft_plain_steps.py", source_dir=str(SCRIPTS), instance_count=2,
+    spec = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_count=2,
                      jobs_dir=str(tmp_path / "jobs"), distribution=_distribution()).build_spec(
         None, "ft")
     with pytest.raises(ConfigError, match="not run on Slurm jobs: one sbatch allocation"):
