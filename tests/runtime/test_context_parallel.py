@@ -97,3 +97,17 @@ def test_smp_flow_with_fsdp1_and_labels_matches_one_process(records) -> None:
         assert max(errors) <= PARITY, (row["rank"], errors)
     refused = select(records, case="smp_comm_type")
     assert all("tsm.transform(cp_comm_type='ring')" in r["error"] for r in refused)
+
+
+RESUME = 1e-6
+
+
+def test_a_resumed_run_has_the_losses_of_an_uninterrupted_one(records) -> None:
+    """cp2 x dp2 (shard 4), Llama, forward_backward: save_checkpoint after step 0, a fresh
+    model and optimizer load it, steps 1-2 match the uninterrupted run's (1e-6)."""
+    whole = select(records, case="layout", layout="cp2_dp2_shard4_p2p", model="llama", way="b")
+    resumed = select(records, case="resume", layout="cp2_dp2_shard4_p2p")
+    assert len(resumed) == 4
+    for row in resumed:
+        errors = [abs(a - b) for a, b in zip(row["losses"], whole[0]["losses"], strict=True)]
+        assert max(errors) <= RESUME, (row["rank"], errors)

@@ -17,6 +17,8 @@ tests/runtime/test_context_parallel.py asserts on the records.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import torch
@@ -72,26 +74,53 @@ def step_a(model: torch.nn.Module, name: str, rows: torch.Tensor) -> torch.Tenso
     return loss.detach()
 
 
+def transformed(name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    tp_plan = SDPA_TP_PLAN if name == "custom" and mr.state.tensor_parallel_degree > 1 else None
+    model = mr.transform(build(name), tp_plan=tp_plan)
+    return model, torch.optim.AdamW(model.parameters(), lr=LR)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, name: str, way: str,
+               step: int) -> tuple[float, float]:
+    """One step; (what this rank's loss was, its mean over every rank)."""
+    rows = rows_of(step)
+    if way == "a":
+        loss = step_a(model, name, rows)
+    else:
+        loss = mr.forward_backward(model, rows[:, :-1], targets_b(rows), loss_fn=loss_fn)
+    optimizer.step()
+    optimizer.zero_grad()
+    total = loss.clone()
+    dist.all_reduce(total)
+    return float(loss), float(total) / mr.state.world_size
+
+
 def train(layout: str, name: str, way: str) -> None:
     st = mr.state
-    tp_plan = SDPA_TP_PLAN if name == "custom" and st.tensor_parallel_degree > 1 else None
-    model = mr.transform(build(name), tp_plan=tp_plan)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses, returned = [], []
-    for step in range(STEPS):
-        rows = rows_of(step)
-        if way == "a":
-            loss = step_a(model, name, rows)
-        else:
-            loss = mr.forward_backward(model, rows[:, :-1], targets_b(rows), loss_fn=loss_fn)
-        optimizer.step()
-        optimizer.zero_grad()
-        returned.append(float(loss))
-        total = loss.clone()
-        dist.all_reduce(total)
-        losses.append(float(total) / st.world_size)
-    report({"case": "layout", "layout": layout, "model": name, "way": way, "losses": losses,
-            "returned": returned, "dp_rank": st.dp_rank, "cp_rank": st.cp_rank})
+    model, optimizer = transformed(name)
+    returned, losses = zip(*(train_step(model, optimizer, name, way, step)
+                             for step in range(STEPS)), strict=True)
+    report({"case": "layout", "layout": layout, "model": name, "way": way,
+            "losses": list(losses), "returned": list(returned), "dp_rank": st.dp_rank,
+            "cp_rank": st.cp_rank})
+
+
+def run_resume(layout: str) -> None:
+    """Way (b) on the Llama: 1 step, save_checkpoint, a fresh model loads it, 2 more steps."""
+    mr.init(LAYOUTS[layout])
+    holder = [tempfile.mkdtemp(prefix="cp-resume-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(holder)
+    model, optimizer = transformed("llama")
+    losses = [train_step(model, optimizer, "llama", "b", 0)[1]]
+    mr.save_checkpoint(holder[0], model, optimizer, step=1)
+    model, optimizer = transformed("llama")
+    mr.load_checkpoint(holder[0], model, optimizer)
+    losses += [train_step(model, optimizer, "llama", "b", step)[1] for step in (1, 2)]
+    report({"case": "resume", "layout": layout, "losses": losses})
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(holder[0])
+    mr.reset()
 
 
 def run_layout(layout: str) -> None:
@@ -196,6 +225,7 @@ def main() -> None:
                         "losses": reference(name, way)})
     for layout in LAYOUTS:
         run_layout(layout)
+    run_resume("cp2_dp2_shard4_p2p")
     run_smp()
     report_refusals()
 
