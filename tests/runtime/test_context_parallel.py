@@ -47,6 +47,18 @@ def test_every_steps_mean_loss_matches_one_process(records, layout, model, way) 
         assert max(errors) <= PARITY, (layout, model, way, row["rank"], errors)
 
 
+@pytest.mark.parametrize("model", ["mistral", "qwen2", "gpt_neox"])
+def test_other_hf_families_match_one_process(records, model) -> None:
+    """Mistral (a window longer than the sequence), Qwen2, GPT-NeoX: forward_backward at cp2 x
+    dp2; their rotary embeddings get the chunks' global positions."""
+    (ref,) = select(records, case="reference", model=model, way="b")
+    rows = select(records, case="layout", layout="cp2_dp2_shard4_p2p", model=model, way="b")
+    assert len(rows) == 4
+    for row in rows:
+        errors = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=True)]
+        assert max(errors) <= PARITY, (model, row["rank"], errors)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_forward_backward_returns_the_rows_loss_on_every_cp_rank(records, layout) -> None:
     """Way (b): the cp ranks of one data-parallel rank return the same (whole rows') loss."""
@@ -78,6 +90,7 @@ def test_the_cp_group_is_real_and_innermost_in_the_shard_group(records, layout) 
     ("odd_sequence", "sequence length 14 is not divisible by 8"),
     ("comm_type", "cp_comm_type='ring' is not one of 'p2p', 'all_gather', 'a2a'"),
     ("padding_mask", "attention_mask with masked (padding) positions"),
+    ("sliding_window", "uses sliding-window attention (window 8) over a sequence of 16 tokens"),
 ])
 def test_refusals_are_config_errors_with_the_arithmetic(records, case, quoted) -> None:
     (row,) = select(records, case=case)

@@ -25,10 +25,12 @@ import torch
 import torch.distributed as dist
 from context_parallel_models import (
     LR,
+    OTHER_HF,
     SDPA_TP_PLAN,
     STEPS,
     batch,
     build,
+    build_other_hf,
     hf_labels_loss,
     logits_of,
     loss_fn,
@@ -133,6 +135,8 @@ def run_layout(layout: str) -> None:
     for name in ("llama", "custom"):
         for way in ("a", "b"):
             train(layout, name, way)
+    for name in OTHER_HF if layout == "cp2_dp2_shard4_p2p" else ():
+        train(layout, name, "b")
     mr.reset()
 
 
@@ -215,6 +219,13 @@ def report_refusals() -> None:
 
     refusal("padding_mask", cp4, padding_mask)
 
+    def short_window() -> None:
+        model = mr.transform(build_other_hf("mistral", sliding_window=8))
+        rows = batch(0)
+        mr.forward_backward(model, rows[:, :-1], rows[:, 1:], loss_fn=loss_fn)
+
+    refusal("sliding_window", cp4, short_window)
+
 
 def main() -> None:
     torch.set_num_threads(1)
@@ -223,6 +234,9 @@ def main() -> None:
             for way in ("a", "b"):
                 report({"case": "reference", "model": name, "way": way,
                         "losses": reference(name, way)})
+        for name in OTHER_HF:
+            report({"case": "reference", "model": name, "way": "b",
+                    "losses": reference(name, "b")})
     for layout in LAYOUTS:
         run_layout(layout)
     run_resume("cp2_dp2_shard4_p2p")

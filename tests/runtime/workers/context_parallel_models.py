@@ -7,7 +7,16 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 VOCAB, SEQ, GLOBAL_BATCH, STEPS, LR = 64, 16, 4, 3, 1e-2
 HEAD_DIM = 8
@@ -48,7 +57,25 @@ class SdpaLM(nn.Module):
         return self.head(self.norm(x))
 
 
+OTHER_HF = ("mistral", "qwen2", "gpt_neox")  # way (b) in one layout: rotary + GQA families
+_SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "vocab_size": VOCAB, "max_position_embeddings": 64,
+          "tie_word_embeddings": False, "attn_implementation": "sdpa"}
+
+
+def build_other_hf(name: str, sliding_window: int = 4096) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "mistral":  # a window longer than the sequence: plain causal attention
+        return MistralForCausalLM(MistralConfig(**_SIZES, num_key_value_heads=2,
+                                                sliding_window=sliding_window))
+    if name == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**_SIZES, num_key_value_heads=2))
+    return GPTNeoXForCausalLM(GPTNeoXConfig(**_SIZES))
+
+
 def build(name: str) -> nn.Module:
+    if name in OTHER_HF:
+        return build_other_hf(name)
     torch.manual_seed(0)
     if name.startswith("llama"):  # "llama2": 2 heads (a2a at cp4 cannot scatter them)
         heads = 2 if name == "llama2" else 4
