@@ -196,14 +196,12 @@ def test_state_coordinates_and_groups(run) -> None:
         assert row["rep_rank_group"] == list(range(start, start + replica))
         _check_expert_layout(row, world)
         assert row["random_seed"] == (5 if layout == "tp2" and world == 4 else None)
-        # The custom model has no tensor-parallel plan and no MoE layers; context parallelism
-        # is not in this build. Each is a ConfigError raised before the model is touched.
+        # The custom model has no tensor-parallel plan and no MoE layers: each is a ConfigError
+        # raised before the model is touched (cp2 transforms it: test_context_parallel.py).
         expected = {
             "tp2": "TinyLM declares no tensor-parallel plan",
             "ep2": "expert_parallel_degree=2 but TinyLM has no mixture-of-experts layers",
             "hybrid_ep2": "expert_parallel_degree=2 but TinyLM has no mixture-of-experts layers",
-            "cp2": "context_parallel_degree=2 asks for context parallelism, which is not "
-                   "available in this build",
         }.get(layout)
         if expected is None:
             assert row["transform_error"] is None
