@@ -47,6 +47,16 @@ def test_every_steps_mean_loss_matches_one_process(records, layout, model, way) 
         assert max(errors) <= PARITY, (layout, model, way, row["rank"], errors)
 
 
+def test_cp2_with_tp2_and_sequence_parallelism_matches_one_process(records) -> None:
+    for way in ("a", "b"):
+        (ref,) = select(records, case="reference", model="llama", way=way)
+        rows = select(records, case="layout", layout="cp2_tp2_sp_p2p", model="llama", way=way)
+        assert len(rows) == 4
+        for row in rows:
+            errors = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=True)]
+            assert max(errors) <= PARITY, (way, row["rank"], errors)
+
+
 @pytest.mark.parametrize("model", ["mistral", "qwen2", "gpt_neox"])
 def test_other_hf_families_match_one_process(records, model) -> None:
     """Mistral (a window longer than the sequence), Qwen2, GPT-NeoX: forward_backward at cp2 x

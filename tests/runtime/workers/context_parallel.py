@@ -52,6 +52,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "cp2_all_gather": {"context_parallel_degree": 2, "cp_comm_type": "all_gather"},
     "cp2_a2a": {"context_parallel_degree": 2, "cp_comm_type": "a2a"},
     "cp4_all_gather": {"context_parallel_degree": 4, "cp_comm_type": "all_gather"},
+    "cp2_tp2_sp_p2p": {"context_parallel_degree": 2, "tensor_parallel_degree": 2,
+                       "sequence_parallel": True},  # the Llama only (HF's plan has SP norms)
     "cp2_tp2_a2a": {"context_parallel_degree": 2, "tensor_parallel_degree": 2,
                     "cp_comm_type": "a2a"},  # 1 key/value head per tp rank: repeated for a2a
 }
@@ -132,7 +134,7 @@ def run_layout(layout: str) -> None:
             "context_parallel_degree": st.context_parallel_degree, "dp_rank": st.dp_rank,
             "dp_size": st.dp_size,
             "cp_ranks": dist.get_process_group_ranks(st.cp_process_group)})
-    for name in ("llama", "custom"):
+    for name in ("llama",) if "_sp_" in layout else ("llama", "custom"):
         for way in ("a", "b"):
             train(layout, name, way)
     for name in OTHER_HF if layout == "cp2_dp2_shard4_p2p" else ():
