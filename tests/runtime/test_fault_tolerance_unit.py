@@ -6,7 +6,9 @@ The real run (lighthouse, 2 replica groups, a kill and a heal) is test_fault_tol
 from __future__ import annotations
 
 import json
+import platform
 import sys
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -61,6 +63,27 @@ def test_a_missing_torchft_is_a_clear_runtime_error(monkeypatch):
         import_torchft()
     assert "pip install 'meshtrain[ft]'" in str(error.value)
     assert "Linux x86_64 only" in str(error.value)
+
+
+@pytest.mark.skipif((platform.system(), platform.machine()) != ("Linux", "x86_64"),
+                    reason="torchft (meshtrain[ft]) is published for Linux x86_64 only")
+def test_a_restarted_group_forgets_the_dead_managers_address(single_process_runtime,
+                                                            monkeypatch):
+    """torchrun restarting a group's workers in place keeps its store: the address the dead
+    Manager published there must be gone before the new ranks look for their Manager."""
+    import torch.distributed as dist
+    from torchft.manager import MANAGER_ADDR_KEY, REPLICA_ID_KEY
+
+    from meshtrain_runtime.fault.torchft_parts import _forget_earlier_manager
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for key in (MANAGER_ADDR_KEY, REPLICA_ID_KEY):
+        store.set(key, "http://dead:1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    single_process_runtime.init()
+    _forget_earlier_manager(0, timedelta(seconds=10))
+    assert not store.check([MANAGER_ADDR_KEY]) and not store.check([REPLICA_ID_KEY])
 
 
 def test_the_json_lines_go_to_the_output_data_dir(tmp_path):

@@ -72,6 +72,7 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
                 f"fault tolerance: {key} is not set. Each replica group runs as its own torchrun "
                 "world (the backend starts it); a plain `python train.py` cannot join one.")
     timeout = timedelta(seconds=settings.quorum_timeout_seconds)
+    _forget_earlier_manager(group_rank, timeout)
     pg = recording_process_group(device_type, timeout)
     manager = Manager(
         pg=pg, load_state_dict=None, state_dict=None,
@@ -83,6 +84,24 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
         replica_id=f"{REPLICA_ID_PREFIX}{settings.replica_group}",
     )
     return manager, pg
+
+
+def _forget_earlier_manager(group_rank: int, timeout: timedelta) -> None:
+    """Drop the Manager address an earlier incarnation of this group left in the store.
+
+    torchrun restarting the group's workers in place keeps its TCPStore; the new ranks other than
+    0 would read the dead Manager's address before rank 0 publishes its own. Rank 0 deletes it,
+    and no rank goes on before that (a barrier of the group).
+    """
+    import torch.distributed as dist
+    from torchft.manager import MANAGER_ADDR_KEY, REPLICA_ID_KEY
+
+    if group_rank == 0:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, wait_for_workers=False, timeout=timeout)
+        for key in (MANAGER_ADDR_KEY, REPLICA_ID_KEY):
+            store.delete_key(key)
+    dist.barrier()
 
 
 __all__ = ["build_manager", "import_torchft", "recording_process_group"]
