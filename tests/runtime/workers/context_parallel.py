@@ -49,6 +49,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "cp2_dp2_shard4_p2p": {"context_parallel_degree": 2},
     "cp2_tp2_p2p": {"context_parallel_degree": 2, "tensor_parallel_degree": 2},
     "cp2_checkpointing_p2p": {"context_parallel_degree": 2, "activation_checkpointing": True},
+    "cp2_offloading_p2p": {"context_parallel_degree": 2, "activation_checkpointing": True,
+                           "activation_offloading": True},
     "cp2_all_gather": {"context_parallel_degree": 2, "cp_comm_type": "all_gather"},
     "cp2_a2a": {"context_parallel_degree": 2, "cp_comm_type": "a2a"},
     "cp4_all_gather": {"context_parallel_degree": 4, "cp_comm_type": "all_gather"},
