@@ -160,7 +160,7 @@ def _replay(steps: dict[int, list[int]]) -> dict[tuple[int, int], float]:
 def lighthouse():
     from torchft.coordination import LighthouseServer  # the dev extra installs it here
 
-    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=5000,
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=500,
                               quorum_tick_ms=50, heartbeat_timeout_ms=1000)
     try:
         yield server.address()
