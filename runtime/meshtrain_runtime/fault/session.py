@@ -50,7 +50,7 @@ class FaultSession:
         self.first_quorum = True
         self.healed = False
         self.rows = 0
-        self.loss: torch.Tensor | None = None
+        self.losses: list[torch.Tensor] = []
         self.last_participants: list[int] = []
         self.writer = (RecordWriter(records_path(settings.replica_group))
                        if group_rank == 0 else None)
@@ -108,7 +108,7 @@ class FaultSession:
     # --- steps ---
     def begin_step(self) -> None:
         """Start this step's quorum (healing from a peer first when torchft says so)."""
-        self.healed, self.rows, self.loss = False, 0, None
+        self.healed, self.rows, self.losses = False, 0, []
         self.manager.start_quorum()
         if self.first_quorum:
             self._await_all_groups()
@@ -136,14 +136,13 @@ class FaultSession:
             tries -= 1
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """Remember this step's loss (forward_backward's mean) for the step's record."""
-        detached = loss.detach().float()
-        self.loss = detached if self.loss is None else self.loss + detached
+        """Remember this step's loss (forward_backward's mean; the mean of several calls)."""
+        self.losses.append(loss.detach().float())
 
     def _group_loss(self) -> float | None:
-        if self.loss is None:
+        if not self.losses:
             return None
-        total = self.loss.clone()
+        total = torch.stack(self.losses).mean()
         dist.all_reduce(total)  # the group's own world (gloo has no AVG)
         return float(total) / self.group_world_size
 
