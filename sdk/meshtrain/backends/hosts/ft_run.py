@@ -229,14 +229,18 @@ class FaultTolerantRun:
             log.write(f"{LOG_PREFIX}{text}\n".encode())
 
     def _report(self, force: bool = False) -> None:
-        """Append the ft:* metric line when it changed (at most every REPORT_SECONDS)."""
+        """Every REPORT_SECONDS: the figures into status.json (describe() reads them there) and
+        the ft:* metric line into the job log, each when it changed."""
         now = time.monotonic()
         if not force and now - self._last_report[0] < REPORT_SECONDS:
             return
+        status = self.sup.job_dir.read_status()
         summary = fault_tolerance_summary(
             read_step_records(self.sup.job_dir.host_paths(h).output_data_dir
                               for h in self.sup.spec.hosts),
-            self.sup.job_dir.read_status().get("FaultToleranceEvents", []), len(self.groups))
+            status.get("FaultToleranceEvents", []), len(self.groups))
+        if summary != status.get("FaultTolerance"):
+            self.sup.job_dir.write_status(FaultTolerance=summary)
         line = progress_metrics_line(summary)
         if line and line != self._last_report[1]:
             with self.sup.log_lock, contextlib.suppress(OSError), open(

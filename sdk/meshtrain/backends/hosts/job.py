@@ -229,10 +229,9 @@ def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -
         if key in status:
             description[key] = status[key]
     replica_groups = replica_groups_of(spec)
-    if replica_groups:
-        records = read_step_records(job_dir.host_paths(h).output_data_dir for h in spec.hosts)
-        description["FaultTolerance"] = {
-            **fault_tolerance_summary(records, status.get("FaultToleranceEvents", []),
-                                      replica_groups),
-            **status.get("FaultToleranceLayout", {})}
+    if replica_groups:  # the supervisor's latest figures (fit() polls this 5 times a second)
+        figures = status.get("FaultTolerance") or fault_tolerance_summary(
+            read_step_records(job_dir.host_paths(h).output_data_dir for h in spec.hosts),
+            status.get("FaultToleranceEvents", []), replica_groups)
+        description["FaultTolerance"] = {**figures, **status.get("FaultToleranceLayout", {})}
     return description
