@@ -41,7 +41,7 @@ from meshtrain_runtime.parallel.compile import apply_compile, check_compile
 from meshtrain_runtime.parallel.context_apply import (
     ContextSettings,
     apply_context_parallel,
-    check_comm_type,
+    check_context_parallel,
 )
 from meshtrain_runtime.parallel.expert import apply_expert_parallel, shard_experts_with_fsdp
 from meshtrain_runtime.parallel.expert_tp import tp_plan_without_experts
@@ -103,8 +103,11 @@ def transform(
     st = runtime_state.current()
     moe_config = _resolve_moe_config(moe_config, config)
     _check_request(model, st, device, load_state_dict_from_rank0)
-    cp_comm_type = cp_comm_type if cp_comm_type is not None else st.config.cp_comm_type
-    check_comm_type(cp_comm_type)
+    context = ContextSettings(
+        st.cp_process_group, st.cp_rank, st.cp_size,
+        cp_comm_type if cp_comm_type is not None else st.config.cp_comm_type,
+        tp_size=st.tp_size)
+    check_context_parallel(model, context)
     model = apply_converters(model, dtype=dtype)
     rank0_weights = _rank0_state_dict(model, st) if load_state_dict_from_rank0 else None
     block_list = find_blocks(model, blocks)  # after converters, before any class swap
@@ -128,8 +131,7 @@ def transform(
     model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
     model = staged if staged is not None else model
     if st.context_parallel_degree > 1:  # before checkpointing: its recompute attends across cp
-        apply_context_parallel(model, block_list, ContextSettings(
-            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type, tp_size=st.tp_size))
+        apply_context_parallel(model, block_list, context)
     if activation_kwargs is not None:
         apply_activation_checkpointing(model, block_list, **activation_kwargs)
     if st.config.compile:  # after TP/EP and checkpointing, before FSDP2 (torchtitan's order)

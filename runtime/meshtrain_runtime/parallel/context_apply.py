@@ -79,6 +79,13 @@ def is_hf_model(model: nn.Module) -> bool:
         model, "set_attn_implementation")
 
 
+def check_context_parallel(model: nn.Module, settings: ContextSettings) -> None:
+    """What `apply_context_parallel` refuses, checked before anything changes the model."""
+    check_comm_type(settings.comm_type)
+    if settings.cp_size > 1 and is_hf_model(model):
+        _check_hf_heads(model, settings)
+
+
 def apply_context_parallel(
     model: nn.Module, blocks: list[nn.Module], settings: ContextSettings
 ) -> nn.Module:
@@ -87,12 +94,11 @@ def apply_context_parallel(
     Call it after tensor parallelism and before activation checkpointing (whose recompute must
     run the blocks' attention across the cp group too). Returns `model`, changed in place.
     """
-    check_comm_type(settings.comm_type)
+    check_context_parallel(model, settings)
     if settings.cp_size == 1:
         return model
     hf = is_hf_model(model)
     if hf:
-        _check_hf_heads(model, settings)
         AttentionInterface = _attention_interface()
         AttentionInterface.register(HF_ATTENTION, hf_context_attention)
         model.set_attn_implementation(HF_ATTENTION)
@@ -266,6 +272,7 @@ __all__ = [
     "ContextSettings",
     "apply_context_parallel",
     "check_comm_type",
+    "check_context_parallel",
     "context_settings",
     "hf_context_attention",
     "is_hf_model",

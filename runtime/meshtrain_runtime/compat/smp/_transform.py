@@ -23,7 +23,11 @@ from meshtrain_runtime.delayed_init import check_rank0_has_weights
 from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.blocks import find_blocks
 from meshtrain_runtime.parallel.context import COMM_TYPES
-from meshtrain_runtime.parallel.context_apply import ContextSettings, apply_context_parallel
+from meshtrain_runtime.parallel.context_apply import (
+    ContextSettings,
+    apply_context_parallel,
+    check_context_parallel,
+)
 from meshtrain_runtime.parallel.tensor import (
     apply_tensor_parallel,
     locally_computed_parameters,
@@ -66,6 +70,9 @@ def transform(
     st = runtime_state.current()
     cp_comm_type = cp_comm_type if cp_comm_type is not None else st.config.cp_comm_type
     moe_config = _check_request(st, config, cp_comm_type, device, load_state_dict_from_rank0)
+    context = ContextSettings(st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type,
+                              tp_size=st.tp_size)
+    check_context_parallel(model, context)
     if load_state_dict_from_rank0:
         check_rank0_has_weights(model, st.rank, st.device)
     model = apply_converters(model, dtype=dtype)
@@ -80,8 +87,7 @@ def transform(
     else:
         model = apply_model_parallel(model, st, moe_config=moe_config)
     if st.context_parallel_degree > 1:  # before the script's checkpoint wrappers
-        apply_context_parallel(model, blocks, ContextSettings(
-            st.cp_process_group, st.cp_rank, st.cp_size, cp_comm_type, tp_size=st.tp_size))
+        apply_context_parallel(model, blocks, context)
     for block in blocks:
         setattr(block, BLOCK_MARK, True)
     if device is not None and not _on_meta(model):
