@@ -13,7 +13,7 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``global_mean(loss)`` — meshtrain_runtime.metrics (a loss averaged over every rank)
 - ``forward_backward(model, inputs, targets, loss_fn=fn)`` — meshtrain_runtime.step (one
   step's forward and backward for every layout, pipelined or not)
-- ``context_parallel_shard(*tensors, seq_dim=1, cp_rank, cp_size)`` —
+- ``context_parallel_shard(*tensors, seq_dim=1)`` (cp_rank, cp_size: this process's by default) —
   meshtrain_runtime.parallel.context (a batch split into a context-parallel rank's chunks)
 """
 

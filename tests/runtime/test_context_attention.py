@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import meshtrain_runtime
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.parallel.context import blockwise, context_parallel_shard, local_positions
 from meshtrain_runtime.parallel.context.blockwise import (
@@ -221,3 +222,19 @@ def test_local_causal_mask_is_recognised_and_nothing_else() -> None:
     assert not is_local_causal_mask(padded, 4)  # padding
     assert not is_local_causal_mask(causal, 8)  # another length
     assert not is_local_causal_mask(additive + 1.0, 4)
+
+
+def test_shard_defaults_to_this_process_cp_coordinates(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SMP's form, `context_parallel_shard(ids, labels, seq_dim=1)`: the rank and size are state's
+    from types import SimpleNamespace
+
+    from meshtrain_runtime import state
+
+    ids = torch.arange(16).view(1, 16)
+    with pytest.raises(RuntimeError, match="init"):
+        meshtrain_runtime.context_parallel_shard(ids, seq_dim=1)
+    monkeypatch.setattr(state, "_current", SimpleNamespace(cp_rank=1, cp_size=2))
+    (local, labels), positions = meshtrain_runtime.context_parallel_shard(ids, ids + 100)
+    assert local.tolist() == [[4, 5, 6, 7, 8, 9, 10, 11]]
+    assert labels.tolist() == [[104, 105, 106, 107, 108, 109, 110, 111]]
+    assert positions.tolist() == local[0].tolist()

@@ -80,9 +80,17 @@ def _check_rank(cp_rank: int, cp_size: int) -> None:
         )
 
 
+def _state_cp_coordinates() -> tuple[int, int]:
+    """This process's (cp_rank, cp_size) from the runtime state init() built."""
+    from meshtrain_runtime import state  # lazy: the layout math needs no initialised runtime
+
+    current = state.current()
+    return current.cp_rank, current.cp_size
+
+
 def context_parallel_shard(
-    *tensors: torch.Tensor, seq_dim: int = 1, cp_rank: int, cp_size: int,
-    layout: Layout = "load_balanced",
+    *tensors: torch.Tensor, seq_dim: int = 1, cp_rank: int | None = None,
+    cp_size: int | None = None, layout: Layout = "load_balanced",
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Split full-sequence tensors into this cp rank's chunks.
 
@@ -92,7 +100,13 @@ def context_parallel_shard(
     ids of the local tokens (LongTensor (local_seq,)), which an HF model takes as
     ``position_ids`` so rotary embeddings see global positions. Raises ConfigError when the
     length is not divisible by 2 x cp_size (load_balanced) or cp_size (contiguous).
+    `cp_rank` and `cp_size` default to this process's (``meshtrain_runtime.state``, after
+    ``init()``).
     """
+    if cp_rank is None or cp_size is None:
+        state_rank, state_size = _state_cp_coordinates()
+        cp_rank = state_rank if cp_rank is None else cp_rank
+        cp_size = state_size if cp_size is None else cp_size
     _check_rank(cp_rank, cp_size)
     if not tensors:
         raise ConfigError("context_parallel_shard needs at least one tensor to split.")
