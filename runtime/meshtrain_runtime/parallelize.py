@@ -219,7 +219,7 @@ def uses_fsdp(st: runtime_state.RuntimeState, options: FSDPOptions) -> bool:
     then holds its own part of the model) with no FSDP policy.
 
     FSDP over a group of one would only copy every parameter into a gather buffer and back
-    (with pipelining at pp2 on 2 ranks: 5-7 % of a step, benchmarks/RESULTS.md runs 15-16).
+    (with pipelining at pp2 on 2 ranks: 5-7 % of a step, benchmarks/RESULTS.md runs 15, 19).
     Mixed precision and CPU offload are FSDP policies, so they keep FSDP (over one rank).
     """
     split = st.tensor_parallel_degree > 1 or st.pipeline_parallel_degree > 1
