@@ -2,7 +2,7 @@
 
 As in AWS's notebooks: `train.py` from their shared-scripts folder, the distribution enabling
 ``smdistributed.modelparallel`` with the notebooks' parameters, their hyperparameters (a tiny
-Llama v2: 2 layers, hidden 32, vocab 64, 16 tokens; synthetic data; gloo), 2 local hosts x 2
+Llama v2: 2 layers, hidden 32, vocab 64, 16 tokens; gloo), 2 local hosts x 2
 processes. Each layout trains 4 steps saving SMP's sharded checkpoints every 2 steps, then a
 second job resumes from the 2-step checkpoint, as the notebooks' "Resume training" cell does.
 Their MoE path runs too: a tiny Mixtral (model_type mixtral, moe=1, use_smp_implementation=1,
@@ -10,11 +10,13 @@ their MoE defaults) with its experts split over expert_parallel_degree=2; the jo
 runtime's line saying so. (That FSDP1 + EP trains exactly as one process is shown by
 test_smp_multiprocess.py::test_fsdp1_with_expert_parallelism_matches_one_process.)
 
-What shows the resumed job loaded the checkpoint: its log says so (model, then optimizer), its
-first step is step 2 with the learning rate the first job had at step 2 (the scheduler's state),
-and its first loss, on the same synthetic batch as the first job's step 0 (the scripts reseed
-their data before training), is below that step-0 loss: the loaded weights were trained on that
-batch, while fresh weights would repeat the step-0 loss exactly (the run is deterministic).
+The data is a tiny on-disk dataset in the scripts' ``gpt_jsonl`` format (token_rows.py), not
+their synthetic data, which is reseeded on resume; ``GPTDataPipeline`` resumes at the
+checkpoint's ``resume_from_sequence_number``. What shows the resumed job continues the first:
+its log says it loaded the model, then the optimizer, and skipped the batches already read; its
+first step is step 2 with the learning rate the first job had at step 2 (the scheduler's state);
+and its losses at steps 2 and 3 equal the first job's (1e-6; the same batches, state and layout,
+and bf16 mixed precision on CPU is deterministic: measured equal to the last bit).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 from pathlib import Path
 
 import pytest
+from token_rows import write_token_rows
 
 from meshtrain import Estimator
 
@@ -38,8 +41,9 @@ MODEL = {  # the notebooks' model_configs entry, at toy size
 }
 
 
-def hyperparameters(checkpoint_dir: Path, resume: Path | None, moe: bool = False) -> dict:
-    """The notebooks' hyperparameters; toy sizes, synthetic data, gloo, a short lr schedule.
+def hyperparameters(checkpoint_dir: Path, data: Path, resume: Path | None,
+                    moe: bool = False) -> dict:
+    """The notebooks' hyperparameters; toy sizes, `data` on disk, gloo, a short lr schedule.
 
     `moe`: their MoE path (model_type mixtral, moe=1, their MoE defaults: top-2, sinkhorn,
     all-to-all dispatcher) with 4 experts per layer instead of 8 (toy size).
@@ -54,8 +58,9 @@ def hyperparameters(checkpoint_dir: Path, resume: Path | None, moe: bool = False
         "min_lr": 1e-05, "model_type": "llama_v2", "num_kept_checkpoints": 2, "plateau": 0.0,
         "seed": 12345, "sharding_strategy": "hybrid_shard", "train_batch_size": 2,
         "use_smp_flash_attn": 1, "use_smp_implementation": 1, "val_batch_size": 2,
-        "validation_freq": 2, "warmup": 0.0, "weight_decay": 0.2, "zipped_data": 0,
-        "use_synthetic_data": 1, "distributed_backend": "gloo", **MODEL,
+        "validation_freq": 0, "warmup": 0.0, "weight_decay": 0.2, "zipped_data": 0,
+        "use_synthetic_data": 0, "dataset_type": "gpt_jsonl", "training_dir": str(data),
+        "distributed_backend": "gloo", **MODEL,
     }
     if moe:
         hps.update(model_type="mixtral", moe=1, num_local_experts=4, num_key_value_heads=4,
@@ -65,15 +70,15 @@ def hyperparameters(checkpoint_dir: Path, resume: Path | None, moe: bool = False
     return hps
 
 
-def run_job(home: Path, tp: int, checkpoint_dir: Path, resume: Path | None = None,
-            ep: int = 1) -> str:
+def run_job(home: Path, tp: int, checkpoint_dir: Path, data: Path,
+            resume: Path | None = None, ep: int = 1) -> str:
     """One job on 2 hosts x 2 processes (the MoE path when `ep` > 1); returns its merged log."""
     # EP: FSDP1 shards over the ranks holding the same experts (SMP writes one checkpoint folder
     # per ep rank over that group), so the ep ranks are carved out of 4-way sharding.
     extra = {"expert_parallel_degree": ep, "hybrid_shard_degree": 4} if ep > 1 else {}
     estimator = Estimator(
         entry_point="train.py", source_dir=str(SCRIPTS), instance_type="local",
-        instance_count=2, hyperparameters=hyperparameters(checkpoint_dir, resume, moe=ep > 1),
+        instance_count=2, hyperparameters=hyperparameters(checkpoint_dir, data, resume, moe=ep > 1),
         distribution={
             "torch_distributed": {"enabled": True, "processes_per_host": 2},
             "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
@@ -110,7 +115,10 @@ def home(tmp_path, monkeypatch):
 def test_aws_scripts_train_save_and_resume(home, tmp_path, tp, ep, folders):
     checkpoints = tmp_path / "checkpoints"
     model_type = "mixtral" if ep > 1 else "llama_v2"
-    log = run_job(home, tp, checkpoints, ep=ep)
+    # up to 4 data-parallel groups (ep=2: the scripts divide only by tp x cp) x 4 steps x 2
+    data = write_token_rows(tmp_path / "data", rows=32, width=MODEL["max_context_width"],
+                            vocab=MODEL["vocab_size"])
+    log = run_job(home, tp, checkpoints, data, ep=ep)
     first = steps(log)
     assert sorted(first) == [0, 1, 2, 3], first
     if ep > 1:  # the runtime's evidence that tsm.transform split the experts
@@ -123,13 +131,15 @@ def test_aws_scripts_train_save_and_resume(home, tmp_path, tp, ep, folders):
         assert sorted(p.name for p in saved.iterdir()) == (folders or sorted(
             p.name for p in saved.iterdir() if p.name == ".metadata" or p.suffix == ".distcp"))
 
-    log = run_job(home, tp, checkpoints, resume=checkpoints / f"{model_type}-2steps", ep=ep)
+    log = run_job(home, tp, checkpoints, data, resume=checkpoints / f"{model_type}-2steps",
+                  ep=ep)
     resumed = steps(log)
     assert "Loaded model state from disk" in log
     assert "Loaded and sharded optimizer state from disk" in log
     assert "Loaded state from disk: epoch 0, start_train_path_index 0" in log
     assert sorted(resumed) == [2, 3], resumed  # total_steps came back from the checkpoint
+    assert "Dataloader skipping 2 sequences" in log  # the 2 batches the checkpoint counted
     assert resumed[2][1] == first[2][1] != first[0][1]  # the lr schedule continues
-    # The same batch as the first job's step 0 (the data is reseeded before training), with the
-    # weights of step 2, which were trained on it: a lower loss (fresh weights would repeat it).
-    assert resumed[2][0] < first[0][0] - 0.05, (resumed, first)
+    for step in (2, 3):  # the uninterrupted job's losses, on the same batches
+        assert resumed[step][0] == pytest.approx(first[step][0], abs=1e-6), (resumed, first)
+        assert resumed[step][2] == pytest.approx(first[step][2], abs=1e-4), (resumed, first)
