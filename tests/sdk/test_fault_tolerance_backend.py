@@ -5,12 +5,14 @@ alone is restarted, is tests/e2e/test_fault_tolerance.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
 from pathlib import Path
 
 import pytest
+from ci_guards import missing_component
 
 from meshtrain import ConfigError, Estimator
 from meshtrain.backends.hosts.ft_metrics import (
@@ -25,6 +27,12 @@ from meshtrain.contract.fault_tolerance import FaultTolerance
 from meshtrain.progress import ProgressTracker
 
 SCRIPTS = Path(__file__).parents[1] / "e2e" / "scripts"
+
+
+def _needs_torchft() -> None:
+    """The lighthouse is torchft's (meshtrain[ft]); found without importing torch."""
+    if importlib.util.find_spec("torchft") is None:
+        missing_component("torchft is not installed (meshtrain[ft])")
 
 
 def _distribution(groups: int = 2, shard: int = 1, per_host: int = 1, **ft) -> dict:
@@ -153,6 +161,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def test_the_lighthouse_listens_and_is_stopped_by_its_pid(tmp_path):
+    _needs_torchft()
     lighthouse = Lighthouse(tmp_path / "lighthouse.log")
     address = lighthouse.start()
     try:
@@ -165,6 +174,7 @@ def test_the_lighthouse_listens_and_is_stopped_by_its_pid(tmp_path):
 
 
 def test_a_lighthouse_that_cannot_start_fails_with_its_log(tmp_path):
+    _needs_torchft()
     lighthouse = Lighthouse(tmp_path / "lighthouse.log", bind_host="not-an-address")
     with pytest.raises(LighthouseError, match=r"lighthouse exited with code .*its log"):
         lighthouse.start()

@@ -6,6 +6,7 @@ second or two."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci_guards import missing_component
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts import ft_run
@@ -20,6 +22,14 @@ from meshtrain.backends.hosts.layout import JobDirectory, prepare_host
 from meshtrain.backends.hosts.processes import pids_of_job
 from meshtrain.backends.hosts.supervisor import HostSupervisor
 from meshtrain.contract import env as names
+
+
+@pytest.fixture(autouse=True)
+def _needs_torchft() -> None:
+    """The lighthouse is torchft's (meshtrain[ft]); found without importing torch."""
+    if importlib.util.find_spec("torchft") is None:
+        missing_component("torchft is not installed (meshtrain[ft])")
+
 
 # A host: says it started, then does what FT_PLAN says for "<group>-<attempt>": ok (exit 0, the
 # default), fail (exit 1), wait (exit 0 once group 1's second attempt has started), release (exit
