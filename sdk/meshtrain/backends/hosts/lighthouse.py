@@ -26,6 +26,10 @@ from meshtrain.contract.errors import ConfigError
 
 ENTRY_SCRIPT = Path(__file__).with_name("lighthouse_entry.py")
 START_TIMEOUT_SECONDS = 60.0
+JOIN_TIMEOUT_MS = 500
+"""How long a quorum waits for a group that heartbeats but has not asked to join yet (torchft's
+default, 60 s, would stall the survivors for as long as a restarted group spends between
+creating its Manager and its first step: init, transform, the first batch)."""
 STOP_SECONDS = 5.0
 LISTENING = re.compile(r"Lighthouse listening on: https?://\S+?:(\d+)\s*$", re.MULTILINE)
 INSTALL_HINT = ("install torchft 0.2.0 beside meshtrain (pip install 'meshtrain[ft]' or "
@@ -62,7 +66,8 @@ class Lighthouse:
     def argv(self) -> list[str]:
         # run as a script, not -m: the lighthouse parses the process's own argv after argv[0]
         argv = [sys.executable, str(ENTRY_SCRIPT), "--min_replicas", str(self.min_replicas),
-                "--bind", f"{self.bind_host}:0"]  # port 0: the kernel picks, the log says it
+                "--bind", f"{self.bind_host}:0",  # port 0: the kernel picks, the log says it
+                "--join_timeout_ms", str(JOIN_TIMEOUT_MS)]
         if self.heartbeat_timeout_ms:
             argv += ["--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms)]
         return argv
