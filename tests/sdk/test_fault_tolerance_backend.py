@@ -192,25 +192,30 @@ def test_local_docker_refuses_it_before_any_job_directory(tmp_path):
     assert not (tmp_path / "jobs").exists()
 
 
-def test_kubernetes_refuses_it_before_rendering(tmp_path):
+def test_kubernetes_refuses_it_as_a_trainjob(tmp_path):
+    """A PyTorchJob per group is rendered (tests/sdk/test_kubernetes_fault_tolerance.py)."""
     from meshtrain import kubernetes
 
     (tmp_path / "train.py").write_text("print('training')\n")
+    distribution = _distribution(shard=8, per_host=8)
+    distribution["torch_distributed"]["max_restarts"] = 0  # a TrainJob refuses it on its own
     estimator = Estimator("train.py", source_dir=str(tmp_path), instance_count=2,
                           instance_type="ml.p4d.24xlarge", image_uri="meshtrain:test",
-                          distribution=_distribution(shard=8, per_host=8))
-    with pytest.raises(ConfigError, match="not run on Kubernetes: the operator restarts"):
-        kubernetes.render_all(estimator, job_name="ft")
+                          distribution=distribution)
+    with pytest.raises(ConfigError, match="not run on Kubernetes as a TrainJob"):
+        kubernetes.render_all(estimator, job_name="ft", kind="TrainJob")
 
 
-def test_slurm_refuses_it_with_the_reason(tmp_path):
+def test_slurm_takes_it_but_refuses_rendering_it_for_sbatch_by_hand(tmp_path):
     from meshtrain.backends.slurm.backend import SlurmBackend
 
     spec = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_count=2,
                      jobs_dir=str(tmp_path / "jobs"), distribution=_distribution()).build_spec(
         None, "ft")
-    with pytest.raises(ConfigError, match="not run on Slurm jobs: one sbatch allocation"):
-        SlurmBackend(jobs_dir=tmp_path / "jobs")._check_fault_tolerance(spec)
+    backend = SlurmBackend(jobs_dir=tmp_path / "jobs")
+    backend._check_fault_tolerance(spec)  # run: tests/slurm/test_fault_tolerance_slurm.py
+    with pytest.raises(ConfigError, match="cannot be rendered for sbatch by hand"):
+        backend.render_job(spec)
     assert not (tmp_path / "jobs").exists()
 
 

@@ -43,8 +43,10 @@ def pod_host() -> str | None:
         return f"algo-{int(rank) + 1}"
     replica_type = os.environ.get(names.MESHTRAIN_REPLICA_TYPE)
     if replica_type:
+        offset = os.environ.get(names.MESHTRAIN_HOST_OFFSET, "0")
         return names.host_from_replica(replica_type,
-                                       os.environ.get(names.MESHTRAIN_REPLICA_INDEX, ""))
+                                       os.environ.get(names.MESHTRAIN_REPLICA_INDEX, ""),
+                                       int(offset) if offset.isdigit() else 0)
     return None
 
 

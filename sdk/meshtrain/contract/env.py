@@ -64,13 +64,17 @@ BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"
 # Master 0 is algo-1, Worker i is algo-(i+2).
 MESHTRAIN_REPLICA_TYPE = "MESHTRAIN_REPLICA_TYPE"
 MESHTRAIN_REPLICA_INDEX = "MESHTRAIN_REPLICA_INDEX"
+# A fault-tolerant job renders one PyTorchJob per replica group: its Master 0 is host
+# algo-(offset + 1), where offset is the hosts of the groups before it.
+MESHTRAIN_HOST_OFFSET = "MESHTRAIN_HOST_OFFSET"
 
 
-def host_from_replica(replica_type: str, replica_index: str) -> str:
-    """algo-N of a PyTorchJob replica ("master"/"worker", index as its label gives it)."""
-    offset = {"master": 1, "worker": 2}.get(replica_type.lower())
-    if offset is None or not replica_index.isdigit():
+def host_from_replica(replica_type: str, replica_index: str, offset: int = 0) -> str:
+    """algo-N of a PyTorchJob replica ("master"/"worker", index as its label gives it), the
+    job's hosts numbered from algo-(offset + 1)."""
+    first = {"master": 1, "worker": 2}.get(replica_type.lower())
+    if first is None or not replica_index.isdigit():
         raise ValueError(f"not a PyTorchJob replica: type={replica_type!r}, "
                          f"index={replica_index!r}")
-    return f"algo-{int(replica_index) + offset}"
+    return f"algo-{int(replica_index) + first + offset}"
 MESHTRAIN_NODE_RANK = "MESHTRAIN_NODE_RANK"  # 0-based host index (TrainJob's completion index)

@@ -21,6 +21,7 @@ from meshtrain.backends.kubernetes.handle import (
 from meshtrain.backends.kubernetes.render import render_spec
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.support import check_fault_tolerance_supported
 
 if TYPE_CHECKING:
     from meshtrain.targets import Target
@@ -71,8 +72,17 @@ class KubernetesBackend:
 
     def validate(self, spec: JobSpec) -> None:
         self.render(spec)  # every check runs; nothing is sent
+        fault_tolerance = spec.distribution_config().torch_distributed.fault_tolerance
+        check_fault_tolerance_supported(
+            fault_tolerance.replica_groups if fault_tolerance else None,
+            "Kubernetes through fit()/submit",
+            f"this build renders its {fault_tolerance and fault_tolerance.replica_groups} "
+            "PyTorchJobs (one per replica group) and torchft's lighthouse Deployment and "
+            "Service, but does not create or follow them: render them with `meshtrain k8s "
+            "render` (or meshtrain.kubernetes.render_all) and `kubectl apply -f` the output")
 
     def submit(self, spec: JobSpec) -> KubernetesTrainingJob:
+        self.validate(spec)  # refuses what submit cannot create, before any request
         config_map, job = self.render(spec)
         kubernetes = _client_module()
         core = kubernetes.client.CoreV1Api(self.api_client)

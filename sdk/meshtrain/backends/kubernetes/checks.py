@@ -30,6 +30,19 @@ def check_job_name(name: str, instance_count: int) -> None:
             "characters. Example: 'llama-fsdp-1'.")
 
 
+def check_group_names(job_name: str, groups: int, per_group: int, lighthouse: str) -> None:
+    """A fault-tolerant job's PyTorchJobs (<job>-group-<g>) and lighthouse name their pods and
+    Services after the job: all must stay DNS-1035 labels of at most 63 characters."""
+    longest = f"{job_name}-group-{groups - 1}{WORKER_SUFFIX}{max(per_group - 2, 0)}"
+    for name in (longest, lighthouse):  # the lighthouse's Service name is a DNS-1035 label
+        if len(name) > MAX_NAME:
+            raise ConfigError(
+                f"job_name={job_name!r} is too long for a fault-tolerant Kubernetes job: its "
+                f"names ('{name}', {len(name)} characters) must be at most {MAX_NAME} "
+                f"characters. Use a job_name of at most {len(job_name) - len(name) + MAX_NAME} "
+                "characters.")
+
+
 def check_namespace(namespace: Any) -> str:
     if not isinstance(namespace, str) or not DNS_1035.match(namespace) or len(namespace) > 63:
         raise ConfigError(f"namespace={namespace!r} is not a Kubernetes namespace name "

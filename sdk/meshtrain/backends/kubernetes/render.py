@@ -248,7 +248,9 @@ def render_trainjob(spec: JobSpec, *, namespace: str, processes: int, limits: di
 def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTorchJob",
                 code_in_image: bool = False, rendezvous: dict[str, Any] | None = None,
                 target: Target | None = None) -> list[dict[str, Any]]:
-    """[ConfigMap, job] for `spec`; ConfigError before anything is rendered. `rendezvous`
+    """[ConfigMap, job] for `spec`; with torch_distributed.fault_tolerance [ConfigMap,
+    PyTorchJob per replica group, lighthouse Deployment, Service] (render_ft.py). ConfigError
+    before anything is rendered. `rendezvous`
     (PyTorchJob only) asks for an elastic one: backend ("c10d", "etcd" or "etcd-v2"), host,
     port, min_replicas; the distribution's torch_distributed.max_restarts becomes maxRestarts."""
     if kind == "TrainJob" and spec.distribution_config().torch_distributed.max_restarts:
@@ -259,11 +261,11 @@ def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTor
         raise ConfigError("rendezvous= is rendered for PyTorchJob only (a TrainJob's runtime "
                           "owns its rendezvous).")
     fault_tolerance = spec.distribution_config().torch_distributed.fault_tolerance
-    check_fault_tolerance_supported(
-        fault_tolerance.replica_groups if fault_tolerance else None, "Kubernetes",
-        "the operator restarts a PyTorchJob or TrainJob as one world, while each replica group "
-        "must be a world of its own (one job per group, told its group and a torchft "
-        "lighthouse Service), which this build does not render yet")
+    if fault_tolerance and kind != "PyTorchJob":
+        check_fault_tolerance_supported(
+            fault_tolerance.replica_groups, "Kubernetes as a TrainJob",
+            "each replica group must be a world of its own, restarted alone, which is rendered "
+            "as one PyTorchJob per group (kind='PyTorchJob')")
     checks.check_kind(kind)
     checks.check_namespace(namespace)
     resources = node_resources(spec, target)
@@ -271,6 +273,11 @@ def render_spec(spec: JobSpec, *, namespace: str = "default", kind: str = "PyTor
     config_map = render_config_map(spec, namespace=namespace, code_in_image=code_in_image)
     common = {"namespace": namespace, "processes": resources.processes,
               "limits": resources.limits, "node_type": resources.node_type}
+    if fault_tolerance:  # one PyTorchJob per replica group + the lighthouse
+        from meshtrain.backends.kubernetes.render_ft import render_fault_tolerant
+
+        return [config_map, *render_fault_tolerant(spec, fault_tolerance, rendezvous=rendezvous,
+                                                   **common)]
     if kind == "PyTorchJob":
         return [config_map, render_pytorchjob(spec, rendezvous=rendezvous, **common)]
     return [config_map, render_trainjob(spec, **common)]
