@@ -275,3 +275,9 @@ def test_fit_refuses_it_with_the_reason_before_any_request(tmp_path):
     for call in (backend.validate, backend.submit):  # ... but does not create them
         with pytest.raises(ConfigError, match="render them with `meshtrain k8s render`"):
             call(spec)
+    estimator = Estimator("train.py", source_dir=str(tmp_path), instance_count=4,
+                          instance_type="k8s:ml.p4d.24xlarge", image_uri=IMAGE,
+                          distribution=_distribution(),
+                          kubeconfig=str(tmp_path / "absent"))  # no kubeconfig is even read
+    with pytest.raises(ConfigError, match="not run on Kubernetes through fit"):
+        estimator.fit(job_name="llama-ft", wait=False)
