@@ -42,9 +42,19 @@ def render_all(estimator: Estimator, *, job_name: str, namespace: str = "default
 def render(estimator: Estimator, *, job_name: str, namespace: str = "default",
            kind: str = "PyTorchJob", inputs: Any = None, code_in_image: bool = False,
            rendezvous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The PyTorchJob (or TrainJob) object alone; it needs the ConfigMap `render_all` adds."""
-    return render_all(estimator, job_name=job_name, namespace=namespace, kind=kind,
-                      inputs=inputs, code_in_image=code_in_image, rendezvous=rendezvous)[1]
+    """The PyTorchJob (or TrainJob) object alone; it needs the ConfigMap `render_all` adds.
+    A fault-tolerant job is several objects (a job per replica group and a lighthouse): refused
+    here, `render_all` returns them."""
+    objects = render_all(estimator, job_name=job_name, namespace=namespace, kind=kind,
+                         inputs=inputs, code_in_image=code_in_image, rendezvous=rendezvous)
+    if len(objects) != 2:
+        kinds = ", ".join(obj["kind"] for obj in objects[1:])
+        raise ConfigError(
+            f"job {job_name!r} renders {len(objects) - 1} objects besides its ConfigMap ({kinds}: "
+            "torch_distributed.fault_tolerance runs a job per replica group and a lighthouse), "
+            "not one job. Use kubernetes.render_all(...) and apply every object."
+        )
+    return objects[1]
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

@@ -281,3 +281,9 @@ def test_fit_refuses_it_with_the_reason_before_any_request(tmp_path):
                           kubeconfig=str(tmp_path / "absent"))  # no kubeconfig is even read
     with pytest.raises(ConfigError, match="not run on Kubernetes through fit"):
         estimator.fit(job_name="llama-ft", wait=False)
+
+
+def test_render_alone_refuses_a_job_of_several_objects(tmp_path):
+    estimator = _estimator(tmp_path)
+    with pytest.raises(ConfigError, match=r"renders 4 objects .*render_all"):
+        kubernetes.render(estimator, job_name="llama-ft", namespace="training")
