@@ -5,7 +5,7 @@ tests/runtime/workers/pipeline_parity.py trains a tiny HF Llama and a plain nn.M
 Interleaved1F1B, LoopedBFS, InterleavedZeroBubble and ZBVZeroBubble at pp2; pp4; pp2 x dp2
 sharded; pp2 x tp2; pp2 + checkpointing; explicit split points) and reports losses and clip
 norms per step; the tests compare them with a single-process run of the same model, seed and
-global batch. pp2 + compile (1F1B, the plain module) runs in a second launch.
+global batch. pp2 + compile (1F1B, the HF Llama and the plain module) runs in a second launch.
 """
 
 from __future__ import annotations
@@ -105,21 +105,30 @@ def test_refusals_are_config_errors_with_the_arithmetic(records, case: str, quot
     assert row["error"] is not None and quoted in row["error"], row
 
 
-COMPILE_PARITY = 1e-4  # inductor fuses float32 reductions (see test_compile_parity.py's bound)
+# Inductor fuses and reorders float32 reductions (matmuls, RMSNorm, softmax, the clip norm's
+# sums): ~1e-7 relative per step, which 4 AdamW steps at lr 1e-2 amplify (Adam divides by
+# sqrt(v)); 1e-4, as test_compile_parity.py argues, is still far below one step's loss change
+# (~1e-1), so a missing stage gradient or a wrong microbatch mean would fail it.
+COMPILE_PARITY = 1e-4
 
 
 @pytest.fixture(scope="module")
 def compiled(torchrun) -> list[dict[str, Any]]:
-    """Its own launch (``pipeline_parity.py compile``, ~15-60 s): CPU inductor on 4 ranks."""
+    """Its own launch (``pipeline_parity.py compile``): CPU inductor on 4 ranks, both models."""
     return torchrun(WORKER, 4, "compile", timeout=480)
 
 
-def test_pp2_with_compile_matches_one_process(compiled) -> None:
-    (ref,) = select(compiled, case="reference", model="custom")
-    rows = select(compiled, case="layout", layout="1f1b_pp2_compile", model="custom")
+@pytest.mark.parametrize("model", MODELS)
+def test_pp2_with_compile_matches_one_process(compiled, model: str) -> None:
+    """1F1B at pp2 (hybrid 2 per stage) with compile=True: every step's mean loss matches the
+    uncompiled single process; every stage's blocks compiled whole (no graph break)."""
+    (ref,) = select(compiled, case="reference", model=model)
+    rows = select(compiled, case="layout", layout="1f1b_pp2_compile", model=model)
     assert len(rows) == 4
     for row in rows:
         errors = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=True)]
         assert max(errors) <= COMPILE_PARITY, (row["rank"], errors)
-    for stats in select(compiled, case="compile_stats"):  # every stage's blocks compiled whole
-        assert stats["graphs"] >= 1 and stats["graph_breaks"] == 0, stats
+    stats = select(compiled, case="compile_stats", model=model)
+    assert len(stats) == 4
+    for row in stats:
+        assert row["graphs"] >= 1 and row["graph_breaks"] == 0, row

@@ -143,21 +143,25 @@ def report_refusals() -> None:
         num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=True))))
 
 
-COMPILE_LAYOUTS = {  # launched on their own (``pipeline_parity.py compile``): minutes of CPU
+COMPILE_LAYOUTS = {  # launched on their own (``pipeline_parity.py compile``): inductor is costly
     "1f1b_pp2_compile": {"microbatches": 2, "hybrid_shard_degree": 2, "compile": True},
 }
 
 
 def main_compile() -> None:
-    """pp2 + compile (1F1B) on the plain module: inductor on CPU, one tiny case."""
+    """pp2 + compile (1F1B) on the plain module and on the HF Llama: inductor on CPU, tiny."""
     LAYOUTS.update(COMPILE_LAYOUTS)
-    if os.environ.get("RANK", "0") == "0":
-        report({"case": "reference", "model": "custom", **reference("custom")})
     from torch._dynamo.utils import counters
 
-    run_layout("1f1b_pp2_compile", "custom")
-    report({"case": "compile_stats", "graphs": counters["stats"]["unique_graphs"],
-            "graph_breaks": sum(counters["graph_break"].values())})
+    for name in ("custom", "llama"):
+        if os.environ.get("RANK", "0") == "0":
+            report({"case": "reference", "model": name, **reference(name)})
+        counters.clear()  # this model's graphs and breaks only
+        run_layout("1f1b_pp2_compile", name)
+        report({"case": "compile_stats", "model": name,
+                "graphs": counters["stats"]["unique_graphs"],
+                "graph_breaks": sum(counters["graph_break"].values()),
+                "breaks": sorted(counters["graph_break"])[:5]})
 
 
 def main() -> None:
