@@ -1,7 +1,9 @@
 """Slurm backend (instance_type="slurm"): one sbatch job of `instance_count` nodes on the
 cluster that `sbatch`/`SLURM_CONF` name; srun starts one host per node over the shared job
-directory. Composes the host layer (meshtrain.backends.hosts): job directory, /opt/ml trees,
-S3 staging, restarts, packing and the handle. See docs/slurm.md.
+directory. With torch_distributed.fault_tolerance: one sbatch job per replica group and a
+lighthouse run by the submitting side (ft_submit.py). Composes the host layer
+(meshtrain.backends.hosts): job directory, /opt/ml trees, S3 staging, restarts, packing and the
+handle. See docs/slurm.md.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from meshtrain.backends.hosts.backend import HostBackend
 from meshtrain.backends.hosts.layout import JobDirectory
+from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.slurm.commands import Partition, find_partition, require_sbatch
+from meshtrain.backends.slurm.ft_submit import write_options
 from meshtrain.backends.slurm.handle import SlurmTrainingJob
 from meshtrain.backends.slurm.script import SlurmOptions, render
 from meshtrain.backends.slurm.submit import BY_HAND, SCRIPT
@@ -32,10 +36,7 @@ class SlurmBackend(HostBackend):
 
     name = "slurm"
     title = "Slurm"
-    fault_tolerance_refusal = (
-        "one sbatch allocation holds every node, and a dead node requeues the whole job; "
-        "restarting one replica group alone needs one sbatch job per group (each requeued on "
-        "its own) and a lighthouse every group reaches, which this build does not submit yet")
+    supports_fault_tolerance = True  # one sbatch job per replica group: ft_submit.py
     supervisor_module = "meshtrain.backends.slurm.submit"
     job_class = SlurmTrainingJob
 
@@ -81,6 +82,9 @@ class SlurmBackend(HostBackend):
         _check_writable_dir(self.jobs_dir, "jobs_dir")
 
     def prepare_job(self, spec: JobSpec, job_dir: JobDirectory, token: str) -> None:
+        if replica_groups_of(spec):  # the groups' scripts follow once the lighthouse listens
+            write_options(job_dir, self.options)
+            return
         (job_dir.root / SCRIPT).write_text(render(spec, job_dir, token, self.options))
         if self.by_hand:
             (job_dir.root / BY_HAND).touch()
@@ -88,12 +92,21 @@ class SlurmBackend(HostBackend):
     def render_job(self, spec: JobSpec) -> str:
         """Make the job directory as submit() does, but leave the sbatch to the user: the
         script's text (its copy is job.sbatch in the job directory)."""
+        if replica_groups_of(spec):
+            raise ConfigError(
+                "torch_distributed.fault_tolerance cannot be rendered for sbatch by hand: the "
+                "submitting side starts the lighthouse, then sbatches one job per replica group "
+                "with its address. Submit it with fit() instead.")
         self.by_hand = True
         job = self.submit(spec)
         return (job.job_dir.root / SCRIPT).read_text()
 
     def starting_message(self, spec: JobSpec) -> str:
         where = self.options.partition or "the default partition"
+        groups = replica_groups_of(spec)
+        if groups:
+            return (f"Submitting {spec.instance_count} node(s) to Slurm ({where}) as "
+                    f"{groups} jobs, one per replica group")
         return f"Submitting {spec.instance_count} node(s) to Slurm ({where})"
 
     def not_found(self, job_name: str) -> str:

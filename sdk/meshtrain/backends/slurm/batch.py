@@ -7,6 +7,12 @@ A requeued job (a node died: Slurm's JobRequeue) runs this again from the top wi
 SLURM_RESTART_COUNT > 0: the failed run's host records are moved aside and the hosts start
 again over the same /opt/ml trees and checkpoint folder; status.json stays InProgress between.
 max_run bounds the job across every run (from the first TrainingStartTime).
+
+With ``fault_tolerance`` each replica group is a Slurm job of its own and runs this with its
+group (``... batch JOB_DIR GROUP``): srun over the group's nodes only, a failed attempt restarts
+only the group's hosts (``max_restarts`` per group; not once another group has finished), a
+dead node requeues only the group's job, and the outcome goes to ``groups/<g>/`` (groups.py)
+for the submitting side (ft_submit.py), which records the job's.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from meshtrain.backends.slurm.commands import (
     run_slurm,
     slurmd_started,
 )
+from meshtrain.backends.slurm.ft_group import GroupRecords
+from meshtrain.backends.slurm.node import GROUP_HOSTS_ENV
 from meshtrain.backends.slurm.submit import JOB_ID_FILE
 from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
@@ -80,13 +88,12 @@ def node_of(job_dir: JobDirectory, host: str) -> str:
         return "?"
 
 
-def hosts_reason(job_dir: JobDirectory, code: int) -> str:
+def hosts_reason(job_dir: JobDirectory, code: int, hosts: list[str]) -> str:
     """The root cause across the hosts' records, with the Slurm node of its host first."""
-    spec = job_dir.read_spec()
     failures = []
-    for host in spec.hosts:
+    for host in hosts:
         failures += read_host_record(job_dir.host_work_dir(host) / HOST_RECORD)
-    nodes = ", ".join(f"{host} = Slurm node {node_of(job_dir, host)}" for host in spec.hosts)
+    nodes = ", ".join(f"{host} = Slurm node {node_of(job_dir, host)}" for host in hosts)
     if not failures:
         return (f"{ALGORITHM_ERROR}srun exited with code {code} and no host left a failure "
                 f"record ({nodes}); see {job_dir.root}/slurm-*.out")
@@ -99,15 +106,18 @@ def hosts_reason(job_dir: JobDirectory, code: int) -> str:
 class BatchStep:
     """One run of the batch script: attempts of srun over every node, then the outcome."""
 
-    def __init__(self, job_dir: JobDirectory) -> None:
+    def __init__(self, job_dir: JobDirectory, group: int | None = None) -> None:
         self.job_dir = job_dir
         self.spec = job_dir.read_spec()
+        self.group = GroupRecords.of(job_dir, self.spec, group) if group is not None else None
+        self.hosts = list(self.group.hosts) if self.group else list(self.spec.hosts)
         self.stop = threading.Event()
         self.srun: subprocess.Popen | None = None
         torch_distributed = self.spec.distribution_config().torch_distributed
         self.max_restarts = torch_distributed.max_restarts
         self.grace = float(torch_distributed.stop_grace_seconds)
         self.run_started = datetime.now()
+        self.attempt_ended = time.time()
 
     def on_sigterm(self, *_: object) -> None:
         self.stop.set()
@@ -117,7 +127,8 @@ class BatchStep:
 
     def run_attempt(self, attempt: int, deadline: float) -> tuple[str, str | None]:
         checkpoint_folder(self.spec, self.job_dir).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, names.MESHTRAIN_ATTEMPT: str(attempt)}
+        env = {**os.environ, names.MESHTRAIN_ATTEMPT: str(attempt),
+               GROUP_HOSTS_ENV: ",".join(self.hosts)}
         self.srun = subprocess.Popen(
             ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
              "meshtrain.backends.slurm.node", str(self.job_dir.root)],
@@ -130,6 +141,7 @@ class BatchStep:
                                    f"{self.spec.max_run}s")
             time.sleep(0.5)
         code = self.srun.returncode
+        self.attempt_ended = time.time()  # a group's FailedAt: before the node checks below
         if self.stop.is_set():
             return self.after_sigterm(deadline)
         if code == 0:
@@ -137,7 +149,7 @@ class BatchStep:
         if self.node_failed():
             requeue()
             return REQUEUE, None
-        return "Failed", hosts_reason(self.job_dir, code)
+        return "Failed", hosts_reason(self.job_dir, code, self.hosts)
 
     def node_failed(self) -> bool:
         """A node of the job died: its slurmd restarted since this run began, or a node does
@@ -159,7 +171,7 @@ class BatchStep:
 
     def host_unrecorded(self) -> bool:
         return any(not (self.job_dir.host_work_dir(host) / HOST_RECORD).exists()
-                   for host in self.spec.hosts)
+                   for host in self.hosts)
 
     def after_sigterm(self, deadline: float) -> tuple[str, str | None]:
         """Why Slurm sent SIGTERM: the client's stop(), --time, an scancel, or a node failure
@@ -176,6 +188,8 @@ class BatchStep:
 
     def begin(self) -> float:
         """Record the start (first run) or the requeue; the deadline across every run."""
+        if self.group is not None:
+            return self.group.begin()
         (self.job_dir.root / JOB_ID_FILE).write_text(os.environ.get("SLURM_JOB_ID", ""))
         status = self.job_dir.read_status()
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -194,9 +208,12 @@ class BatchStep:
         deadline = self.begin()
         attempt = 1
         status, reason = self.run_attempt(attempt, deadline)
-        while status == "Failed" and attempt <= self.max_restarts and not self.stop.is_set():
-            restart_after_failure(self.job_dir, self.spec, attempt, reason or "",
-                                  threading.Lock())
+        while status == "Failed" and attempt <= self.max_restarts and self.may_restart():
+            if self.group is not None:  # only this replica group's hosts
+                self.group.restart(attempt, reason or "", self.attempt_ended)
+            else:
+                restart_after_failure(self.job_dir, self.spec, attempt, reason or "",
+                                      threading.Lock())
             attempt += 1
             status, reason = self.run_attempt(attempt, deadline)
         if status == REQUEUE:
@@ -217,12 +234,20 @@ class BatchStep:
                                f"{self.spec.max_run}s (across Slurm's requeues)")
         return REQUEUE, None
 
+    def may_restart(self) -> bool:
+        """Not after a stop; in a replica group, not once another group has finished."""
+        return not self.stop.is_set() and (self.group is None or not self.group.peer_done())
+
     def finish(self, status: str, reason: str | None) -> None:
+        if self.group is not None:  # the submitting side records the job's end
+            self.group.finish(status, reason)
+            return
         finish_job(self.job_dir, self.spec, status, reason)
 
 
 def main() -> None:
-    step = BatchStep(JobDirectory(Path(sys.argv[1])))
+    group = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    step = BatchStep(JobDirectory(Path(sys.argv[1])), group)
     signal.signal(signal.SIGTERM, step.on_sigterm)
     step.run()
 

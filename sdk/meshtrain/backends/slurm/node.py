@@ -23,6 +23,8 @@ from meshtrain.backends.slurm.commands import expand_nodelist, node_address
 from meshtrain.contract import env as names
 
 RENDEZVOUS_WAIT_SECONDS = 120
+GROUP_HOSTS_ENV = "MESHTRAIN_SLURM_HOSTS"
+"""The hosts this srun runs, in node order (a replica group's in a fault-tolerant job)."""
 
 
 def rendezvous_file(job_dir: JobDirectory) -> Path:
@@ -86,7 +88,9 @@ def main() -> int:
     job_dir = JobDirectory(Path(sys.argv[1]))
     spec = job_dir.read_spec()
     node_id = int(os.environ["SLURM_NODEID"])
-    host, node = spec.hosts[node_id], os.environ.get("SLURMD_NODENAME", "?")
+    hosts = os.environ.get(GROUP_HOSTS_ENV, "").split(",") if os.environ.get(
+        GROUP_HOSTS_ENV) else list(spec.hosts)
+    host, node = hosts[node_id], os.environ.get("SLURMD_NODENAME", "?")
     (job_dir.root / "nodes").mkdir(exist_ok=True)
     (job_dir.root / "nodes" / host).write_text(node)
     addr, port = rendezvous(job_dir, node_id)

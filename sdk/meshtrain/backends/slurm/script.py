@@ -58,3 +58,27 @@ def render(spec: JobSpec, job_dir: JobDirectory, token: str, options: SlurmOptio
              f"exec {shlex.quote(sys.executable)} -m meshtrain.backends.slurm.batch "
              f"{shlex.quote(str(job_dir.root))}"]
     return "\n".join(lines) + "\n"
+
+
+def group_script_name(group: int) -> str:
+    """The sbatch script of replica group `group` of a fault-tolerant job."""
+    return f"group-{group}.sbatch"
+
+
+def render_group(spec: JobSpec, job_dir: JobDirectory, token: str, options: SlurmOptions,
+                 group: int, hosts: tuple[str, ...], ft_env: dict[str, str]) -> str:
+    """The sbatch script of one replica group of a fault-tolerant job: a job of its own over
+    the group's hosts (requeued by Slurm alone when one of its nodes dies), its batch step told
+    its group, the lighthouse and the option's settings (`ft_env`), and its own rendezvous."""
+    exports = {names.MESHTRAIN_JOB_NAME: spec.job_name, names.MESHTRAIN_JOB_TOKEN: token,
+               names.MESHTRAIN_NUM_GPUS: str(options.gpus_per_node), **ft_env}
+    flags = [line for line in directives(spec, job_dir, options)
+             if not line.startswith(("#SBATCH --job-name=", "#SBATCH --nodes="))]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}-group-{group}",
+             f"#SBATCH --nodes={len(hosts)}", *flags,
+             f"# meshtrain job {spec.job_name}, replica group {group}: hosts {', '.join(hosts)} "
+             f"in node order; see {job_dir.root}",
+             *[f"export {key}={shlex.quote(value)}" for key, value in exports.items()],
+             f"exec {shlex.quote(sys.executable)} -m meshtrain.backends.slurm.batch "
+             f"{shlex.quote(str(job_dir.root))} {group}"]
+    return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """Submits a prepared Slurm job (``python -m meshtrain.backends.slurm.submit JOB_DIR``): the
 host backend's detached "supervisor" step. sbatch the job directory's job.sbatch and record
 Slurm's job id; the batch step on the cluster does the rest (meshtrain.backends.slurm.batch).
-A refused sbatch is recorded as the job's failure with sbatch's own words."""
+A refused sbatch is recorded as the job's failure with sbatch's own words. A fault-tolerant job
+stays here while it runs: ft_submit.py (the lighthouse and one Slurm job per replica group)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from meshtrain.backends.hosts.layout import JobDirectory
+from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.slurm.commands import run_slurm
 
 SCRIPT = "job.sbatch"
@@ -29,6 +31,10 @@ def submit(job_dir: JobDirectory) -> str:
 
 def main() -> None:
     job_dir = JobDirectory(Path(sys.argv[1]))
+    if replica_groups_of(job_dir.read_spec()):  # one Slurm job per replica group, and a lighthouse
+        from meshtrain.backends.slurm import ft_submit
+        ft_submit.main(job_dir)
+        return
     if (job_dir.root / BY_HAND).exists():
         job_dir.add_transition("Pending", f"Waiting for `sbatch {job_dir.root / SCRIPT}`")
         return

@@ -1,0 +1,260 @@
+"""Fault-tolerant replica groups on Slurm (issue 36): one sbatch job per replica group, the
+lighthouse run by the submitting side.
+
+One job on the tier's real two-node cluster: 2 hosts x 2 processes, hybrid_shard_degree 2,
+``fault_tolerance: {"replica_groups": 2}``, the e2e's plain script (scripts/ft_hsdp_train.py,
+no checkpoint). Once group 1 has committed a few steps one of its ranks is SIGKILLed: group 1's
+batch step restarts only its own hosts (in its own Slurm job), group 0 trains on, group 1 heals
+from it and the job completes. Group 1's batch step is held (SIGSTOP) from just before the kill
+until group 0 has committed 3 steps alone, as a slow restart would: here the group is back in
+about 4 s, within the lighthouse's heartbeat timeout (5 s), and group 0 would only stall.
+The pure rules (a group job's end, the job's outcome, a group's script) are checked without the
+cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ci_guards import import_or_skip
+
+from meshtrain import Estimator
+from meshtrain.backends.hosts.layout import JobDirectory
+from meshtrain.backends.hosts.processes import pids_of_job, rank_pids_of_job
+from meshtrain.backends.slurm.ft_submit import group_ended, job_outcome
+from meshtrain.backends.slurm.script import SlurmOptions, render_group
+from meshtrain.contract import env as names
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.e2e]
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"  # ft_hsdp_train.py
+SHARD, GROUPS = 2, 2
+KILL_AFTER_STEPS = 3
+STEPS_AFTER_REJOIN = 3
+TIMEOUT = 240.0  # a hang, not a speed: the 2-core box may be loaded
+DISTRIBUTION = {
+    "torch_distributed": {"enabled": True, "processes_per_host": SHARD, "max_restarts": 1,
+                          "fault_tolerance": {"replica_groups": GROUPS}},
+    "smdistributed": {"modelparallel": {"enabled": True,
+                                        "parameters": {"hybrid_shard_degree": SHARD}}},
+}
+
+
+@dataclass
+class Run:
+    job: Any
+    killed_at: float
+    lighthouse_pid: int
+    slurm_job_ids: list[str]
+
+    def records(self, group: int) -> list[dict[str, Any]]:
+        path = (self.job.job_dir.host_paths(f"algo-{group + 1}").output_data_dir
+                / "fault_tolerance" / f"replica-{group}.jsonl")
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.job.job_dir.read_status().get("FaultToleranceEvents", [])
+
+    def restarted_at(self) -> float:
+        return self.events()[0]["RestartedAt"]
+
+    def alone(self) -> list[dict[str, Any]]:
+        """Group 0's steps committed without group 1 since the kill."""
+        return [r for r in self.records(0) if r["committed"] and r["participants"] == [0]
+                and r["time"] > self.killed_at]
+
+    def rejoined(self) -> dict[str, Any] | None:
+        """Group 1's first committed step with itself in the quorum after its restart."""
+        events = self.events()
+        if not events or "RestartedAt" not in events[0]:
+            return None
+        back = [r for r in self.records(1) if r["committed"] and 1 in r["participants"]
+                and r["time"] > events[0]["RestartedAt"]]
+        return min(back, key=lambda r: r["step"]) if back else None
+
+
+def _wait(what: str, condition, job) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        status = job.job_dir.read_status()["TrainingJobStatus"]
+        if status != "InProgress" or time.monotonic() > deadline:
+            pytest.fail(f"{what}: job {status}\n{job.job_dir.log_file.read_text()[-6000:]}")
+        time.sleep(0.2)
+
+
+def _batch_step_of_group(token: str, group: int) -> int:
+    """The pid of replica group `group`'s batch step (python -m ...slurm.batch JOB_DIR g)."""
+    for pid in pids_of_job(token):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"meshtrain.backends.slurm.batch" in argv and argv[-2:] == [str(group).encode(),
+                                                                            b""]:
+                return pid
+    raise AssertionError(f"no batch step of replica group {group} among the job's processes")
+
+
+def _rank_of_group(token: str, group: int, rank: int) -> int | None:
+    for pid in rank_pids_of_job(token):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (f"{names.MESHTRAIN_FT_REPLICA_GROUP}={group}".encode() in environ
+                and f"RANK={rank}".encode() in environ):
+            return pid
+    return None
+
+
+@pytest.fixture(scope="module")
+def run(slurm_cluster, tmp_path_factory) -> Run:
+    import_or_skip("torch")
+    import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure under CI
+    home = tmp_path_factory.mktemp("ft_slurm")
+    shared = home / "shared"
+    shared.mkdir()
+    (home / "jobs").mkdir()
+    job = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_type="slurm",
+                    instance_count=2, jobs_dir=str(home / "jobs"), distribution=DISTRIBUTION,
+                    max_run=900, environment={"FT_TEST_DIR": str(shared),
+                                              "OMP_NUM_THREADS": "1"}).fit(
+        wait=False, job_name="ft-slurm")
+    try:
+        probe = Run(job, 0.0, 0, [])
+        _wait("group 1 to commit steps", lambda: sum(
+            r["committed"] for r in probe.records(1)) >= KILL_AFTER_STEPS, job)
+        pid = _rank_of_group(job.token, 1, 1)
+        assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
+        layout = job.job_dir.read_status()["FaultToleranceLayout"]
+        killed = Run(job, time.time(), layout["LighthousePid"], list(job.slurm_job_ids))
+        batch = _batch_step_of_group(job.token, 1)
+        os.kill(batch, signal.SIGSTOP)  # group 1 restarts only once group 0 went on alone
+        try:
+            os.kill(pid, signal.SIGKILL)
+            _wait("group 0 to commit steps alone", lambda: len(killed.alone()) >= 3, job)
+        finally:
+            os.kill(batch, signal.SIGCONT)
+        _wait("group 1 to rejoin", lambda: killed.rejoined() is not None, job)
+        last = max(r["step"] for r in killed.records(0))
+        (shared / "stop-at").write_text(str(last + STEPS_AFTER_REJOIN))
+        job.wait(logs=False)
+    finally:
+        if job.job_dir.read_status()["TrainingJobStatus"] == "InProgress":
+            job.stop()
+    return killed
+
+
+def test_the_job_completes_and_nothing_outlives_it(run):
+    description = run.job.describe()
+    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
+    assert pids_of_job(run.job.token) == []
+    assert not Path(f"/proc/{run.lighthouse_pid}").exists() or Path(
+        f"/proc/{run.lighthouse_pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_one_slurm_job_per_replica_group_with_its_environment(run):
+    assert len(run.slurm_job_ids) == GROUPS and len(set(run.slurm_job_ids)) == GROUPS
+    lighthouse = run.job.job_dir.read_status()["FaultToleranceLayout"]["Lighthouse"]
+    for group in range(GROUPS):
+        text = (run.job.job_dir.root / f"group-{group}.sbatch").read_text()
+        assert "#SBATCH --nodes=1\n" in text and "#SBATCH --requeue\n" in text
+        assert f"export {names.MESHTRAIN_FT_REPLICA_GROUP}={group}\n" in text
+        assert f"export {names.MESHTRAIN_FT_LIGHTHOUSE}={lighthouse}\n" in text
+        assert text.rstrip().endswith(f" {group}")  # its batch step runs only its group
+
+
+def test_only_group_1_was_restarted_inside_its_own_slurm_job(run):
+    (event,) = run.events()
+    assert event["ReplicaGroup"] == 1 and "SIGKILL" in event["FailureReason"]
+    hosts = run.job.job_dir.root / "hosts"
+    assert (hosts / "algo-2" / "attempts" / "1").is_dir()
+    assert not (hosts / "algo-1" / "attempts").exists()
+    steps = sorted((run.job.job_dir.root / "rendezvous").iterdir())
+    runs = [p.name.split("-")[0] for p in steps]
+    assert runs.count(run.slurm_job_ids[0]) == 1  # group 0: one srun step, never restarted
+    assert runs.count(run.slurm_job_ids[1]) == 2  # group 1: its step started again
+
+
+def test_group_0_keeps_stepping_alone_and_group_1_rejoins_healed(run):
+    back = run.rejoined()
+    assert back is not None and back["healed"], run.records(1)
+    alone = [r for r in run.alone() if r["time"] < back["time"]]
+    assert len(alone) >= 3, run.records(0)
+    assert [r["participants"] for r in run.records(0) if r["committed"]][-1] == [0, 1]
+
+
+def test_describe_shows_one_recovery(run):
+    figures = run.job.describe()["FaultTolerance"]
+    (recovery,) = figures["Recoveries"]
+    assert recovery["ReplicaGroup"] == 1 and recovery["Rejoined"]
+    assert recovery["StepsWithoutIt"] >= 3
+    assert 0 < figures["Goodput"] < 1 and figures["LostReplicaGroups"] == []
+
+
+def test_a_group_job_ends_once_slurm_runs_nothing_more_of_it():
+    assert group_ended({"JobState": "RUNNING"}) is None
+    assert group_ended({"JobState": "PENDING"}) is None  # requeued: waits for its node
+    assert group_ended({"JobState": "NODE_FAIL", "Requeue": "1"}) is None
+    assert group_ended({"JobState": "COMPLETED"}) == "COMPLETED"
+    assert group_ended({"JobState": "CANCELLED"}) == "CANCELLED"
+    assert group_ended({}) == "UNKNOWN"
+
+
+def test_the_job_is_completed_when_a_group_finished_and_failed_when_every_group_is_lost():
+    done = {"Status": "Completed", "FailureReason": None}
+    lost = {"Status": "Failed", "FailureReason": "AlgorithmError: rank 1 died"}
+    assert job_outcome([lost, done], stopped=False) == ("Completed", None)
+    status, reason = job_outcome([lost, {**lost, "FailureReason": "NCCL timeout"}], False)
+    assert status == "Failed" and reason.endswith("replica group 1: NCCL timeout")
+    status, reason = job_outcome([lost, None], False)
+    assert status == "Failed" and "replica group 1: ended without a record" in reason
+    assert job_outcome([None, None], stopped=True)[0] == "Stopped"
+
+
+def test_a_group_script_runs_only_its_group(tmp_path):
+    spec = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_type="slurm",
+                     instance_count=4, jobs_dir=str(tmp_path), distribution={
+                         **DISTRIBUTION, "smdistributed": {"modelparallel": {
+                             "enabled": True, "parameters": {"hybrid_shard_degree": 4}}}},
+                     ).build_spec(None, "ft")
+    text = render_group(spec, JobDirectory(tmp_path / "ft"), "tok", SlurmOptions(partition="p"),
+                        1, ("algo-3", "algo-4"), {names.MESHTRAIN_FT_REPLICA_GROUP: "1"})
+    assert "#SBATCH --job-name=ft-group-1\n#SBATCH --nodes=2\n" in text
+    assert "#SBATCH --partition=p\n" in text and "#SBATCH --requeue\n" in text
+    assert text.count("--nodes=") == 1 and text.count("--job-name=") == 1
+    assert "export MESHTRAIN_FT_REPLICA_GROUP=1\n" in text
+    assert text.rstrip().endswith("meshtrain.backends.slurm.batch " f"{tmp_path / 'ft'} 1")
+
+
+def test_a_dead_submitting_process_fails_the_job_and_cancels_its_groups(tmp_path, monkeypatch):
+    from meshtrain.backends.hosts import job as job_module
+    from meshtrain.backends.slurm import handle
+    from meshtrain.backends.slurm.groups import write_job_ids
+
+    spec = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_type="slurm",
+                     instance_count=2, jobs_dir=str(tmp_path),
+                     distribution=DISTRIBUTION).build_spec(None, "ft")
+    job_dir = JobDirectory(tmp_path / "ft")
+    job_dir.root.mkdir()
+    job_dir.spec_file.write_text(spec.to_json())
+    job_dir.token_file.write_text("a-token-no-process-carries")
+    job_dir.supervisor_pid_file.write_text("999999999")  # no such process
+    job_dir.write_status(TrainingJobStatus="InProgress", CreationTime=time.time())
+    write_job_ids(job_dir, ["41", "42"])
+    cancelled: list[tuple[str, ...]] = []
+    monkeypatch.setattr(handle, "run_slurm", lambda *argv: cancelled.append(argv) or "")
+    monkeypatch.setattr(job_module, "POLL_SECONDS", 0.01)  # the 3 looks at the dead pid
+    description = handle.SlurmTrainingJob("ft", job_dir).describe()
+    assert description["TrainingJobStatus"] == "Failed"
+    assert "submitting process of this fault-tolerant Slurm job died" in description[
+        "FailureReason"]
+    assert cancelled == [("scancel", "41"), ("scancel", "42")]
