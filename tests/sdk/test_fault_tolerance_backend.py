@@ -1,7 +1,7 @@
 """The backend side of fault tolerance without a job: replica groups, the hosts' environment and
 torchrun world, the lighthouse started and stopped by its pid, the job's figures from step
 records, and the targets that refuse it before anything exists. A real job, whose killed group
-alone is restarted, is tests/e2e/test_fault_tolerance.py."""
+alone is restarted, is tests/e2e/test_fault_tolerance_job.py."""
 
 from __future__ import annotations
 
