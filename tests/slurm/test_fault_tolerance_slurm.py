@@ -3,18 +3,16 @@ lighthouse run by the submitting side.
 
 One job on the tier's real two-node cluster: 2 hosts x 2 processes, hybrid_shard_degree 2,
 ``fault_tolerance: {"replica_groups": 2}``, the e2e's plain script (scripts/ft_hsdp_train.py,
-no checkpoint). Once group 1 has committed a few steps one of its ranks is SIGKILLed: group 1's
-batch step restarts only its own hosts (in its own Slurm job), group 0 trains on, group 1 heals
-from it and the job completes. Group 1's batch step is held (SIGSTOP) from just before the kill
-until group 0 has committed 3 steps alone, as a slow restart would: here the group is back in
-about 4 s, within the lighthouse's heartbeat timeout (5 s), and group 0 would only stall.
-The pure rules (a group job's end, the job's outcome, a group's script) are checked without the
-cluster.
+no checkpoint), each group on a node of its own. Group 1 fails twice: one of its ranks is
+SIGKILLed (its batch step restarts only its hosts, inside its own Slurm job), then its node dies
+(slurmd and every process on it SIGKILLed, slurmd back 3 s later: its Slurm job runs again,
+requeued). Group 0 trains on through both, group 1 heals from it each time and the job
+completes. The pure rules (a group job's end, the job's outcome, a group's script, a dead
+submitting process) are checked without the cluster.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -54,6 +52,9 @@ class Run:
     killed_at: float
     lighthouse_pid: int
     slurm_job_ids: list[str]
+    node: str = ""
+    node_killed_at: float = 0.0
+    restarts: dict[str, int] | None = None
 
     def records(self, group: int) -> list[dict[str, Any]]:
         path = (self.job.job_dir.host_paths(f"algo-{group + 1}").output_data_dir
@@ -65,21 +66,14 @@ class Run:
     def events(self) -> list[dict[str, Any]]:
         return self.job.job_dir.read_status().get("FaultToleranceEvents", [])
 
-    def restarted_at(self) -> float:
-        return self.events()[0]["RestartedAt"]
-
-    def alone(self) -> list[dict[str, Any]]:
-        """Group 0's steps committed without group 1 since the kill."""
-        return [r for r in self.records(0) if r["committed"] and r["participants"] == [0]
-                and r["time"] > self.killed_at]
-
-    def rejoined(self) -> dict[str, Any] | None:
-        """Group 1's first committed step with itself in the quorum after its restart."""
+    def rejoined(self, failure: int) -> dict[str, Any] | None:
+        """Group 1's first committed step with itself in the quorum after its restart from
+        failure `failure` (0: the rank, 1: the node)."""
         events = self.events()
-        if not events or "RestartedAt" not in events[0]:
+        if len(events) <= failure or "RestartedAt" not in events[failure]:
             return None
         back = [r for r in self.records(1) if r["committed"] and 1 in r["participants"]
-                and r["time"] > events[0]["RestartedAt"]]
+                and r["time"] > events[failure]["RestartedAt"]]
         return min(back, key=lambda r: r["step"]) if back else None
 
 
@@ -90,17 +84,6 @@ def _wait(what: str, condition, job) -> None:
         if status != "InProgress" or time.monotonic() > deadline:
             pytest.fail(f"{what}: job {status}\n{job.job_dir.log_file.read_text()[-6000:]}")
         time.sleep(0.2)
-
-
-def _batch_step_of_group(token: str, group: int) -> int:
-    """The pid of replica group `group`'s batch step (python -m ...slurm.batch JOB_DIR g)."""
-    for pid in pids_of_job(token):
-        with contextlib.suppress(OSError):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"meshtrain.backends.slurm.batch" in argv and argv[-2:] == [str(group).encode(),
-                                                                            b""]:
-                return pid
-    raise AssertionError(f"no batch step of replica group {group} among the job's processes")
 
 
 def _rank_of_group(token: str, group: int, rank: int) -> int | None:
@@ -125,8 +108,8 @@ def run(slurm_cluster, tmp_path_factory) -> Run:
     (home / "jobs").mkdir()
     job = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_type="slurm",
                     instance_count=2, jobs_dir=str(home / "jobs"), distribution=DISTRIBUTION,
-                    max_run=900, environment={"FT_TEST_DIR": str(shared),
-                                              "OMP_NUM_THREADS": "1"}).fit(
+                    max_run=900, sbatch_args=["--exclusive"],  # a node per group, as on GPUs
+                    environment={"FT_TEST_DIR": str(shared), "OMP_NUM_THREADS": "1"}).fit(
         wait=False, job_name="ft-slurm")
     try:
         probe = Run(job, 0.0, 0, [])
@@ -136,14 +119,16 @@ def run(slurm_cluster, tmp_path_factory) -> Run:
         assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
         layout = job.job_dir.read_status()["FaultToleranceLayout"]
         killed = Run(job, time.time(), layout["LighthousePid"], list(job.slurm_job_ids))
-        batch = _batch_step_of_group(job.token, 1)
-        os.kill(batch, signal.SIGSTOP)  # group 1 restarts only once group 0 went on alone
-        try:
-            os.kill(pid, signal.SIGKILL)
-            _wait("group 0 to commit steps alone", lambda: len(killed.alone()) >= 3, job)
-        finally:
-            os.kill(batch, signal.SIGCONT)
-        _wait("group 1 to rejoin", lambda: killed.rejoined() is not None, job)
+        os.kill(pid, signal.SIGKILL)  # 1: a rank dies; the group's step restarts in its job
+        _wait("group 1 to rejoin after its rank died", lambda: killed.rejoined(0), job)
+        killed.node = (job.job_dir.root / "nodes" / "algo-2").read_text().strip()
+        killed.node_killed_at = time.time()
+        slurm_cluster.kill_node(killed.node)  # 2: its node dies; Slurm runs its job again
+        time.sleep(3)
+        slurm_cluster.start_node(killed.node)
+        _wait("group 1 to rejoin after its node died", lambda: killed.rejoined(1), job)
+        killed.restarts = {i: slurm_cluster.run("scontrol", "show", "job", i).count(
+            "Restarts=1") for i in killed.slurm_job_ids}
         last = max(r["step"] for r in killed.records(0))
         (shared / "stop-at").write_text(str(last + STEPS_AFTER_REJOIN))
         job.wait(logs=False)
@@ -172,31 +157,37 @@ def test_one_slurm_job_per_replica_group_with_its_environment(run):
         assert text.rstrip().endswith(f" {group}")  # its batch step runs only its group
 
 
-def test_only_group_1_was_restarted_inside_its_own_slurm_job(run):
-    (event,) = run.events()
-    assert event["ReplicaGroup"] == 1 and "SIGKILL" in event["FailureReason"]
+def test_only_group_1_was_restarted_in_its_own_slurm_job_then_requeued(run):
+    rank, node = run.events()
+    assert rank["ReplicaGroup"] == 1 and "SIGKILL" in rank["FailureReason"]
+    assert node["ReplicaGroup"] == 1 and "Slurm requeued" in node["FailureReason"]
     hosts = run.job.job_dir.root / "hosts"
     assert (hosts / "algo-2" / "attempts" / "1").is_dir()
     assert not (hosts / "algo-1" / "attempts").exists()
-    steps = sorted((run.job.job_dir.root / "rendezvous").iterdir())
-    runs = [p.name.split("-")[0] for p in steps]
-    assert runs.count(run.slurm_job_ids[0]) == 1  # group 0: one srun step, never restarted
-    assert runs.count(run.slurm_job_ids[1]) == 2  # group 1: its step started again
+    # one rendezvous per srun of hosts, named <Slurm job>-<run of it>.<step>
+    runs = sorted(p.name.split(".")[0] for p in (run.job.job_dir.root / "rendezvous").iterdir())
+    group0, group1 = run.slurm_job_ids
+    assert runs == sorted([f"{group0}-0", f"{group1}-0", f"{group1}-0", f"{group1}-1"])
+    assert run.restarts == {group0: 0, group1: 1}  # Slurm ran only group 1's job again
+    assert (run.job.job_dir.root / "nodes" / "algo-1").read_text().strip() != run.node
 
 
 def test_group_0_keeps_stepping_alone_and_group_1_rejoins_healed(run):
-    back = run.rejoined()
-    assert back is not None and back["healed"], run.records(1)
-    alone = [r for r in run.alone() if r["time"] < back["time"]]
+    for failure in (0, 1):
+        back = run.rejoined(failure)
+        assert back is not None and back["healed"], (failure, run.records(1))
+    back = run.rejoined(1)
+    alone = [r for r in run.records(0) if r["committed"] and r["participants"] == [0]
+             and run.node_killed_at < r["time"] < back["time"]]
     assert len(alone) >= 3, run.records(0)
     assert [r["participants"] for r in run.records(0) if r["committed"]][-1] == [0, 1]
 
 
-def test_describe_shows_one_recovery(run):
+def test_describe_shows_a_recovery_per_failure(run):
     figures = run.job.describe()["FaultTolerance"]
-    (recovery,) = figures["Recoveries"]
-    assert recovery["ReplicaGroup"] == 1 and recovery["Rejoined"]
-    assert recovery["StepsWithoutIt"] >= 3
+    rank, node = figures["Recoveries"]
+    assert rank["ReplicaGroup"] == node["ReplicaGroup"] == 1
+    assert rank["Rejoined"] and node["Rejoined"] and node["StepsWithoutIt"] >= 3
     assert 0 < figures["Goodput"] < 1 and figures["LostReplicaGroups"] == []
 
 

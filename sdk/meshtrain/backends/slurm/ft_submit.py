@@ -7,9 +7,11 @@ the ranks as ``http://<this host's name>:<port>``), renders and sbatches each re
 script (script.render_group: its hosts, MESHTRAIN_FT_* and ``--requeue``, so Slurm requeues a
 group whose node died alone), then follows the N Slurm jobs until none runs: it merges the
 groups' failure records into status.json with the figures of describe()["FaultTolerance"] and
-the progress line's ft:* values, scancels groups still running FINISH_WINDOW_SECONDS after one
-finished (and a requeued one at once), stops the lighthouse and records the job's end:
-Completed when a group finished, Failed when every group was lost, Stopped on a stop.
+the progress line's ft:* values, requeues a group's job that ended with its node without a record
+(Slurm requeues it only when it marked the node down), scancels groups still running
+FINISH_WINDOW_SECONDS after one finished (and a requeued one at once), stops the lighthouse and
+records the job's end: Completed when a group finished, Failed when every group was lost,
+Stopped on a stop.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class FaultTolerantSubmission:
                                      advertise_host=socket.gethostname(),
                                      min_replicas=self.ft.min_replica_groups)
         self.job_ids: list[str] = []
+        self.budget = self.spec.distribution_config().torch_distributed.max_restarts
         self.stop = threading.Event()
         self.first_done: float | None = None
         self._last_line = ""
@@ -100,8 +103,7 @@ class FaultTolerantSubmission:
             self.job_dir.write_status(TrainingStartTime=time.time(), FaultToleranceLayout={
                 "ReplicaGroupHosts": [list(g) for g in self.layout.groups],
                 "Lighthouse": address, "LighthousePid": self.lighthouse.pid,
-                "RestartsPerGroup": self.spec.distribution_config().torch_distributed
-                .max_restarts})
+                "RestartsPerGroup": self.budget})
             self._log(f"fault tolerance: {self.layout.count} replica groups, lighthouse "
                       f"{address} (pid {self.lighthouse.pid})")
             self.submit_groups(address)
@@ -151,11 +153,32 @@ class FaultTolerantSubmission:
         ended = set()
         for group, job_id in enumerate(self.job_ids):
             try:
-                if group_ended(job_fields(job_id)) is not None:
-                    ended.add(group)
+                fields = job_fields(job_id)
             except RuntimeError:
                 continue  # Slurm cannot be asked now: ask again
+            state = group_ended(fields)
+            if state is not None and not self.requeue_lost_run(group, job_id, state, fields):
+                ended.add(group)
         return ended
+
+    def requeue_lost_run(self, group: int, job_id: str, state: str,
+                         fields: dict[str, str]) -> bool:
+        """Requeue a group's job whose batch step died with its node (no outcome recorded)
+        and that Slurm did not requeue itself (a node back within SlurmdTimeout fails the job,
+        JobLaunchFailure), up to max_restarts times per group; whether it was requeued."""
+        if (records.read_outcome(self.job_dir, group) is not None
+                or state in ("COMPLETED", "CANCELLED", "TIMEOUT", "UNKNOWN")
+                or self.stop.is_set() or self.job_dir.stop_request_file.exists()
+                or self.first_done is not None
+                or int(fields.get("Restarts", "0") or 0) >= self.budget):
+            return False
+        try:
+            run_slurm("scontrol", "requeue", job_id)
+        except RuntimeError:
+            return False
+        self._log(f"replica group {group}: its Slurm job {job_id} ended {state} without a "
+                  "record (its node failed); requeued")
+        return True
 
     def end_stragglers(self, ended: set[int]) -> None:
         """Once a group finished: a waiting (requeued) group is cancelled at once, a running
@@ -166,8 +189,8 @@ class FaultTolerantSubmission:
             self.first_done = time.monotonic()
         late = time.monotonic() - self.first_done > FINISH_WINDOW_SECONDS
         for group, job_id in enumerate(self.job_ids):
-            if group in ended:
-                continue
+            if group in ended or records.read_outcome(self.job_dir, group) is not None:
+                continue  # it ended, or its batch step is finishing
             with contextlib.suppress(RuntimeError):
                 if late or job_fields(job_id).get("JobState") != "RUNNING":
                     self._log(f"replica group {group}: another group finished; cancelled")
