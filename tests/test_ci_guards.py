@@ -124,6 +124,7 @@ def test_absent_crd_schemas_fail_under_ci_and_skip_with_their_reason_elsewhere(
         assert result.ret == pytest.ExitCode.OK
 
 
+@pytest.mark.multiprocess  # the rendezvous test's agents in network namespaces
 def test_an_etcd_that_does_not_start_fails_with_its_log(pytester, monkeypatch, tmp_path):
     """The real elastic rendezvous test with an etcd that exits at once (first on PATH): an
     error naming etcd and carrying its log, not a skip."""
@@ -152,7 +153,10 @@ def test_skips_without_a_reason_ci_accepts():
 """
 
 
-@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["plain", "xdist"])
+@pytest.mark.parametrize("workers", [
+    ["-p", "no:xdist"],
+    pytest.param(["-n", "2"], marks=pytest.mark.multiprocess),  # xdist's worker processes
+], ids=["plain", "xdist"])
 def test_b_an_unexpected_skip_fails_the_run_under_ci(inner, monkeypatch, workers):
     inner.makepyfile(test_skips=SKIPS)
     result = _run(inner, monkeypatch, True, *workers, "test_skips.py")
@@ -186,7 +190,10 @@ def test_gpu():
         "FAILED CI guard: unexpected skip: test_module_skip.py: could not import*"])
 
 
-@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["plain", "xdist"])
+@pytest.mark.parametrize("workers", [
+    ["-p", "no:xdist"],
+    pytest.param(["-n", "2"], marks=pytest.mark.multiprocess),  # xdist's worker processes
+], ids=["plain", "xdist"])
 def test_c_a_gpu_test_that_needs_a_gpu_may_skip_under_ci(inner, monkeypatch, workers):
     inner.makepyfile(test_gpu="""
 import pytest

@@ -51,6 +51,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_bytes_equal_the_planner_and_the_hand_derivation(smoke: dict) -> None:
     assert smoke["cp"] == 2 and smoke["bytes_equal_theory"] is True
     for (comm_type, dtype), (forward, backward) in BY_HAND.items():
@@ -61,11 +62,13 @@ def test_smoke_bytes_equal_the_planner_and_the_hand_derivation(smoke: dict) -> N
         assert ops == OPS[comm_type]
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_outputs_equal_the_hand_written_attention(smoke: dict) -> None:
     for name, difference in smoke["max_abs_diff_vs_by_hand"].items():
         assert difference < 1e-5, name
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_ratios_beside_the_null_layout(smoke: dict) -> None:
     ratio = smoke["ratio"]
     for side in ("all_gather", "p2p", "a2a", "null"):
@@ -76,6 +79,7 @@ def test_smoke_ratios_beside_the_null_layout(smoke: dict) -> None:
     assert smoke["load"]["start"] and smoke["load"]["end"]
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_report_renders_the_context_section(smoke: dict) -> None:
     built = report.build_report([], machine={"description": "m"}, context=smoke)
     assert built["goals_met"]["context_bytes_equal_planner"] is True

@@ -73,6 +73,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads((out / "p.json").read_text())
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_ratio_beside_its_null_layout(smoke: dict) -> None:
     ratio = smoke["ratio"]
     assert ratio["schedule"] == "1F1B" and ratio["microbatches"] == M
@@ -86,6 +87,7 @@ def test_smoke_ratio_beside_its_null_layout(smoke: dict) -> None:
 ACTIONS = {"GPipe": 2 * M, "1F1B": 2 * M, "Interleaved1F1B": 2 * 2 * M, "ZBVZeroBubble": 3 * 2 * M}
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_bubble_per_schedule(smoke: dict) -> None:
     schedules = smoke["schedules"]
     assert list(schedules) == list(ACTIONS)
@@ -104,6 +106,7 @@ def test_smoke_bubble_per_schedule(smoke: dict) -> None:
     assert isinstance(smoke["zbv_below_1f1b"], bool)
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_report_renders_the_pipeline(smoke: dict) -> None:
     built = report.build_report([], machine={"description": "m"}, pipeline=smoke)
     assert built["pipeline"]["schedules"]["1F1B"]["theory"] == pytest.approx(0.2)

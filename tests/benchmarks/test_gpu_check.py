@@ -56,6 +56,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "markdown": report_file.with_suffix(".md").read_text()}
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_report_has_every_section(smoke: dict[str, Any]) -> None:
     report_format = _module("gpu_check_report")
     report = smoke["report"]
@@ -70,6 +71,7 @@ def test_smoke_report_has_every_section(smoke: dict[str, Any]) -> None:
     assert "## planner: passed" in smoke["markdown"]
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_runs_the_cpu_numerics_and_skips_only_cuda_paths(smoke: dict[str, Any]) -> None:
     tests = {t["test"].split("::")[-1]: t for t in smoke["report"]["sections"]["pytest"]["tests"]}
     assert {name for name, t in tests.items() if t["outcome"] == "passed"} == CPU_CASES
@@ -79,6 +81,7 @@ def test_smoke_runs_the_cpu_numerics_and_skips_only_cuda_paths(smoke: dict[str, 
     assert figures and "0 B copied" in figures[0]  # a CPU host copies nothing
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_smoke_planner_and_throughput_sections(smoke: dict[str, Any]) -> None:
     sections = smoke["report"]["sections"]
     rows = sections["planner"]["rows"]
@@ -96,6 +99,7 @@ def test_smoke_planner_and_throughput_sections(smoke: dict[str, Any]) -> None:
     assert "compute capability 9.0" in skipped["fp8_compile_fused"]
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_a_missing_or_empty_section_fails_the_report(smoke: dict[str, Any]) -> None:
     report_format = _module("gpu_check_report")
     report = json.loads(json.dumps(smoke["report"]))
@@ -118,6 +122,7 @@ def test_the_script_exits_1_when_its_report_misses_a_section(
     assert "gpu-check: section missing: extra" in capsys.readouterr().err
 
 
+@pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks
 def test_a_failing_cpu_numerical_check_fails_the_smoke_run(tmp_path: Path) -> None:
     """mixed_precision broken on purpose (dropped by a sitecustomize in the section's process):
     the bf16 and fp16 cases fail, the fp32 ones pass, the section fails, the run exits 1."""
