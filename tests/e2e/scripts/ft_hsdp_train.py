@@ -1,6 +1,7 @@
-"""A plain hybrid-sharded training script, run by tests/e2e/test_fault_tolerance_job.py as an Estimator job with
-``fault_tolerance: {"replica_groups": 2}``: nothing in it knows about fault tolerance (init(),
-transform(), a torch optimizer, forward_backward, step, zero_grad) and it saves no checkpoint.
+"""A plain hybrid-sharded training script, run by tests/e2e/test_fault_tolerance_job.py as an
+Estimator job with ``fault_tolerance: {"replica_groups": 2}``: nothing in it knows about fault
+tolerance (init(), transform(), a torch optimizer, forward_backward, step, zero_grad) and it
+saves no checkpoint.
 
 For the test's checks each rank writes, into its host's output data dir:
 

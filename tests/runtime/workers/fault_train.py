@@ -1,4 +1,5 @@
-"""A plain hybrid-sharded training script, run per replica group by tests/runtime/test_fault_tolerance.py.
+"""A plain hybrid-sharded training script, run per replica group by
+tests/runtime/test_fault_tolerance.py.
 
 The training loop is a plain one: init(), transform(), a torch optimizer, forward_backward (or
 loss.backward()), step, zero_grad; the launcher's MESHTRAIN_FT_* variables turn fault tolerance
