@@ -97,6 +97,11 @@ def _rank_of_group(token: str, group: int, rank: int) -> int | None:
     return None
 
 
+def _steps_alone(run: Run) -> int:
+    return sum(r["committed"] and r["participants"] == [0] and r["time"] > run.killed_at
+               for r in run.records(0))
+
+
 def _rejoined(run: Run) -> bool:
     events = run.events()
     if not events or "RestartedAt" not in events[0]:
@@ -122,8 +127,12 @@ def run(tmp_path_factory) -> Run:
         pid = _rank_of_group(job.token, 1, 1)
         assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
         lighthouse = job.job_dir.read_status()["FaultToleranceLayout"]["LighthousePid"]
+        hold = shared / "hold-restart"  # the restarted group waits before init() while it exists
+        hold.write_text("")
         killed = Run(job, time.time(), pid, lighthouse)
         os.kill(pid, signal.SIGKILL)
+        _wait("group 0 to step alone", lambda: _steps_alone(killed) >= KILL_AFTER_STEPS, job)
+        hold.unlink()
         _wait("group 1 to rejoin", lambda: _rejoined(killed), job)
         last = max(r["step"] for r in killed.records(0))
         (shared / "stop-at").write_text(str(last + STEPS_AFTER_REJOIN))

@@ -11,6 +11,11 @@ For the test's checks each rank writes, into its host's output data dir:
 - ``ft-digest-dp<dp_rank>.json`` at the end: the step count and a sha256 of its local parameter
   shards and optimizer state.
 
+A process that starts while ``$FT_TEST_DIR/hold-restart`` exists waits there before init(), as
+a host that takes a while to come back (the test holds the killed group's restart until the
+other group has stepped alone: a restart faster than the survivors' heartbeat timeout would leave
+them no step to take alone).
+
 It stops once the step count reaches the number the test writes into ``$FT_TEST_DIR/stop-at``
 (after the killed group is back), or after --max-steps loop iterations; each step waits
 --delay seconds (its data loading).
@@ -82,7 +87,14 @@ def stop_at() -> int | None:
         return None
 
 
+def wait_while_held() -> None:
+    hold = Path(os.environ["FT_TEST_DIR"]) / "hold-restart"
+    while hold.exists():
+        time.sleep(0.1)
+
+
 def main() -> None:
+    wait_while_held()
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-steps", type=int, default=1000)
     parser.add_argument("--delay", type=float, default=0.2)  # seconds of "data loading" a step
