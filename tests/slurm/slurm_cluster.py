@@ -55,6 +55,9 @@ def _conf(root: Path, host: str, ports: dict[str, int]) -> str:
         "SlurmdParameters=config_overrides", "ReturnToService=2", "SlurmdTimeout=10",
         "JobRequeue=1", "MinJobAge=600", "KillWait=5", "MpiDefault=none",
         "SchedulerType=sched/backfill", "InactiveLimit=0", "SlurmctldTimeout=30",
+        # a requeued job waits for the backfill pass (30 s by default; the tier's node-failure
+        # tests spent up to 36 s there): a test cluster of 2 nodes affords one a second
+        "SchedulerParameters=bf_interval=1,sched_min_interval=100000",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
     ]
     for name in NODES:
