@@ -39,7 +39,9 @@ import pytest
 
 WORKER = Path(__file__).resolve()
 BOUND = 1e-4
-CASES = ("full_shard_ac", "hybrid2x2_ac", "ep2", "tp2_x_hybrid2", "tp2_sp", "tp4")
+# full shard + checkpointing is hybrid2x2_ac's FSDP2 path on one more mesh axis: left out (the
+# launch took 111 s in CI with it; each case compiles afresh)
+CASES = ("hybrid2x2_ac", "ep2", "tp2_x_hybrid2", "tp2_sp", "tp4")
 UNFIXED = "tp4_without_wait"
 
 
@@ -78,7 +80,6 @@ def test_tp_compile_still_needs_the_wait(records: dict[str, dict[str, Any]]) -> 
 # ------------------------------------------------------------------ worker (on each rank)
 
 PARAMS = {
-    "full_shard_ac": ({"activation_checkpointing": True}, "llama"),
     "hybrid2x2_ac": ({"hybrid_shard_degree": 2, "activation_checkpointing": True}, "llama"),
     "ep2": ({"expert_parallel_degree": 2}, "mixtral"),
     "tp2_x_hybrid2": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}, "llama"),
