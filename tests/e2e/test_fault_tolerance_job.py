@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
+from ft_jobs import rank_of_group, wait_for
 
 from meshtrain import Estimator
-from meshtrain.backends.hosts.processes import pids_of_job, rank_pids_of_job
-from meshtrain.contract import env as names
+from meshtrain.backends.hosts.processes import pids_of_job
 
 torch = import_or_skip("torch")
 import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure under CI
@@ -38,7 +38,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
 SHARD, GROUPS = 2, 2
 KILL_AFTER_STEPS = 3  # group 1 commits this many steps before one of its ranks is killed
 STEPS_AFTER_REJOIN = 3
-TIMEOUT = 240.0  # a hang, not a speed: the 2-core box may be loaded
 DISTRIBUTION = {
     "torch_distributed": {"enabled": True, "processes_per_host": SHARD, "max_restarts": 1,
                           "fault_tolerance": {"replica_groups": GROUPS}},
@@ -75,28 +74,6 @@ class Run:
         return self.job.job_dir.read_status().get("FaultToleranceEvents", [])
 
 
-def _wait(what: str, condition, job) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        status = job.job_dir.read_status()["TrainingJobStatus"]
-        if status != "InProgress" or time.monotonic() > deadline:
-            pytest.fail(f"{what}: job {status}\n{job.job_dir.log_file.read_text()[-6000:]}")
-        time.sleep(0.2)
-
-
-def _rank_of_group(token: str, group: int, rank: int) -> int | None:
-    """The pid of group `group`'s rank `rank`, found among the job's processes."""
-    for pid in rank_pids_of_job(token):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (f"{names.MESHTRAIN_FT_REPLICA_GROUP}={group}".encode() in environ
-                and f"RANK={rank}".encode() in environ):
-            return pid
-    return None
-
-
 def _steps_alone(run: Run) -> int:
     return sum(r["committed"] and r["participants"] == [0] and r["time"] > run.killed_at
                for r in run.records(0))
@@ -122,18 +99,18 @@ def run(tmp_path_factory) -> Run:
                     environment={"FT_TEST_DIR": str(shared)}).fit(wait=False, job_name="ft")
     try:
         probe = Run(job, 0.0, 0, 0)
-        _wait("group 1 to commit steps", lambda: sum(
+        wait_for("group 1 to commit steps", lambda: sum(
             r["committed"] for r in probe.records(1)) >= KILL_AFTER_STEPS, job)
-        pid = _rank_of_group(job.token, 1, 1)
+        pid = rank_of_group(job.token, 1, 1)
         assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
         lighthouse = job.job_dir.read_status()["FaultToleranceLayout"]["LighthousePid"]
         hold = shared / "hold-restart"  # the restarted group waits before init() while it exists
         hold.write_text("")
         killed = Run(job, time.time(), pid, lighthouse)
         os.kill(pid, signal.SIGKILL)
-        _wait("group 0 to step alone", lambda: _steps_alone(killed) >= KILL_AFTER_STEPS, job)
+        wait_for("group 0 to step alone", lambda: _steps_alone(killed) >= KILL_AFTER_STEPS, job)
         hold.unlink()
-        _wait("group 1 to rejoin", lambda: _rejoined(killed), job)
+        wait_for("group 1 to rejoin", lambda: _rejoined(killed), job)
         last = max(r["step"] for r in killed.records(0))
         (shared / "stop-at").write_text(str(last + STEPS_AFTER_REJOIN))
         job.wait(logs=False)

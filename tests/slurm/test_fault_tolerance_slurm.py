@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
+from ft_jobs import rank_of_group, wait_for
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts.layout import JobDirectory
-from meshtrain.backends.hosts.processes import pids_of_job, rank_pids_of_job
+from meshtrain.backends.hosts.processes import pids_of_job
 from meshtrain.backends.slurm.ft_submit import group_ended, job_outcome
 from meshtrain.backends.slurm.script import SlurmOptions, render_group
 from meshtrain.contract import env as names
@@ -37,7 +38,6 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"  # ft_hsdp_tra
 SHARD, GROUPS = 2, 2
 KILL_AFTER_STEPS = 3
 STEPS_AFTER_REJOIN = 3
-TIMEOUT = 240.0  # a hang, not a speed: the 2-core box may be loaded
 DISTRIBUTION = {
     "torch_distributed": {"enabled": True, "processes_per_host": SHARD, "max_restarts": 1,
                           "fault_tolerance": {"replica_groups": GROUPS}},
@@ -77,27 +77,6 @@ class Run:
         return min(back, key=lambda r: r["step"]) if back else None
 
 
-def _wait(what: str, condition, job) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        status = job.job_dir.read_status()["TrainingJobStatus"]
-        if status != "InProgress" or time.monotonic() > deadline:
-            pytest.fail(f"{what}: job {status}\n{job.job_dir.log_file.read_text()[-6000:]}")
-        time.sleep(0.2)
-
-
-def _rank_of_group(token: str, group: int, rank: int) -> int | None:
-    for pid in rank_pids_of_job(token):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (f"{names.MESHTRAIN_FT_REPLICA_GROUP}={group}".encode() in environ
-                and f"RANK={rank}".encode() in environ):
-            return pid
-    return None
-
-
 @pytest.fixture(scope="module")
 def run(slurm_cluster, tmp_path_factory) -> Run:
     import_or_skip("torch")
@@ -113,20 +92,20 @@ def run(slurm_cluster, tmp_path_factory) -> Run:
         wait=False, job_name="ft-slurm")
     try:
         probe = Run(job, 0.0, 0, [])
-        _wait("group 1 to commit steps", lambda: sum(
+        wait_for("group 1 to commit steps", lambda: sum(
             r["committed"] for r in probe.records(1)) >= KILL_AFTER_STEPS, job)
-        pid = _rank_of_group(job.token, 1, 1)
+        pid = rank_of_group(job.token, 1, 1)
         assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
         layout = job.job_dir.read_status()["FaultToleranceLayout"]
         killed = Run(job, time.time(), layout["LighthousePid"], list(job.slurm_job_ids))
         os.kill(pid, signal.SIGKILL)  # 1: a rank dies; the group's step restarts in its job
-        _wait("group 1 to rejoin after its rank died", lambda: killed.rejoined(0), job)
+        wait_for("group 1 to rejoin after its rank died", lambda: killed.rejoined(0), job)
         killed.node = (job.job_dir.root / "nodes" / "algo-2").read_text().strip()
         killed.node_killed_at = time.time()
         slurm_cluster.kill_node(killed.node)  # 2: its node dies; Slurm runs its job again
         time.sleep(3)
         slurm_cluster.start_node(killed.node)
-        _wait("group 1 to rejoin after its node died", lambda: killed.rejoined(1), job)
+        wait_for("group 1 to rejoin after its node died", lambda: killed.rejoined(1), job)
         killed.restarts = {i: slurm_cluster.run("scontrol", "show", "job", i).count(
             "Restarts=1") for i in killed.slurm_job_ids}
         last = max(r["step"] for r in killed.records(0))
