@@ -203,8 +203,8 @@ def environment(commit: str | None) -> tuple[str, dict[str, Any]]:
 
 
 def multi_rank_paths(gpus: int) -> list[dict[str, str]]:
-    """What one GPU cannot check (NCCL refuses two ranks on one device), and what this build
-    does not have."""
+    """What one GPU cannot check (NCCL refuses two ranks on one device); the multiprocess tier
+    runs each of them with gloo on CPU."""
     reason = f"needs >= 2 GPUs (this machine has {gpus})" if gpus < 2 else \
         "not run by gpu-check: run the multiprocess tier with NCCL on this machine"
     return [{"path": path, "reason": reason} for path in (
@@ -212,8 +212,9 @@ def multi_rank_paths(gpus: int) -> list[dict[str, str]]:
         "fp8's float8 all-gather (FSDP2 with a shard group > 1)",
         "tensor parallelism (and sequence / loss parallelism) over NCCL",
         "expert parallelism's all-to-all dispatch over NCCL",
-    )] + [{"path": path, "reason": "not in this build (transform() refuses it)"} for path in (
-        "context parallelism's blockwise attention", "pipeline parallelism's split backward")]
+        "context parallelism's attention across the cp ranks over NCCL",
+        "pipeline parallelism's sends between stages over NCCL",
+    )]
 
 
 def main(argv: list[str] | None = None) -> int:
