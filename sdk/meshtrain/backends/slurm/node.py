@@ -21,6 +21,7 @@ from pathlib import Path
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.slurm.commands import expand_nodelist, node_address
 from meshtrain.contract import env as names
+from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
 
 RENDEZVOUS_WAIT_SECONDS = 120
 GROUP_HOSTS_ENV = "MESHTRAIN_SLURM_HOSTS"
@@ -56,8 +57,9 @@ def rendezvous(job_dir: JobDirectory, node_id: int) -> tuple[str, int]:
 
 
 def host_environment(job_dir: JobDirectory, host: str, addr: str, port: int) -> dict[str, str]:
-    spec = job_dir.read_spec()
+    spec = job_dir.read_spec().with_environment_from(os.environ)  # values: sbatch's environment
     env = dict(os.environ)
+    env.pop(MESHTRAIN_JOB_ENVIRONMENT, None)  # the values themselves follow
     env.update(spec.environment)
     env.update({  # after the user's environment: these must not be overridden
         names.SAGEMAKER_BASE_DIR: str(job_dir.host_paths(host).base),
