@@ -71,6 +71,11 @@ class HostTrainingJob(TrainingJob):
             return None
         return pid if carries_token(pid, self.token, self.owner_uid) else None
 
+    def _sees_processes(self) -> bool:
+        """Whether this user can see the job's processes (their environment is readable only
+        by their owner and root): another user never records a live job as dead."""
+        return os.getuid() in (0, self.owner_uid)
+
     def _supervisor_alive(self) -> bool:
         return self._supervisor_pid() is not None
 
@@ -100,7 +105,8 @@ class HostTrainingJob(TrainingJob):
 
     def describe(self) -> dict[str, Any]:
         status = self.job_dir.read_status()
-        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._supervisor_gone():
+        if (status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._sees_processes()
+                and self._supervisor_gone()):
             status = self.job_dir.read_status()  # it may have finished between the two reads
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
                 status = self._record_end_of_dead_supervisor()
