@@ -72,6 +72,8 @@ def meshtrain_as_other_user(*argv: str, env: dict[str, str]) -> subprocess.Compl
     packages (an editable install's path hook is read only by its own interpreter)."""
     import meshtrain
 
+    require_other_user()
+
     paths = [str(Path(meshtrain.__file__).parents[1]), *site.getsitepackages()]
     return as_other_user(other_user_python(), "-m", "meshtrain.cli", *argv,
                          env={**env, "PYTHONPATH": os.pathsep.join(paths)})
@@ -87,6 +89,7 @@ def every_path(root: Path) -> list[Path]:
 
 def readable_by_other_user(root: Path) -> list[str]:
     """The paths under `root` that OTHER_USER can open (a file) or list (a directory)."""
+    require_other_user()
     paths = [str(path) for path in every_path(root)]
     done = as_other_user(other_user_python(), "-c", _TRY_EACH, stdin=json.dumps(paths))
     assert done.returncode == 0, done.stderr
