@@ -22,6 +22,10 @@ from meshtrain.backends.hosts.job import HostTrainingJob
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.lighthouse import Lighthouse
 from meshtrain.backends.hosts.processes import carries_token, pids_of_job
+from meshtrain.backends.hosts.supervisor import HostSupervisor
+from meshtrain.backends.local.supervisor import host_environment as local_host_environment
+from meshtrain.backends.slurm import node as slurm_node
+from meshtrain.backends.slurm.batch import hosts_reason
 from meshtrain.backends.slurm.script import SlurmOptions, render
 from meshtrain.contract import job_environment
 from meshtrain.contract.archive import safe_extract
@@ -227,3 +231,40 @@ def test_the_slurm_script_sets_umask_077_and_carries_values_only_when_rendered(t
     line = next(x for x in by_hand.splitlines() if "MESHTRAIN_JOB_ENVIRONMENT" in x)
     exported = line.split("=", 1)[1].strip("'")
     assert json.loads(exported) == SPEC.environment
+
+
+def _recorded_job(tmp_path: Path) -> JobDirectory:
+    job_dir = JobDirectory(tmp_path / "j")
+    job_dir.root.mkdir()
+    job_dir.spec_file.write_text(SPEC.to_record_json())
+    job_dir.token_file.write_text("t" * 32)
+    return job_dir
+
+
+def test_the_supervisor_gives_the_hosts_the_values_and_loopback_only(tmp_path, monkeypatch):
+    job_dir = _recorded_job(tmp_path)
+    monkeypatch.setenv(job_environment.MESHTRAIN_JOB_ENVIRONMENT,
+                       job_environment.encode(SPEC.environment))
+    supervisor = HostSupervisor(job_dir)
+    assert supervisor.spec.environment == SPEC.environment
+    env = local_host_environment(supervisor.spec, job_dir, "algo-1", 29500, "t" * 32)
+    assert env["HF_TOKEN"] == "hf_secret_value"
+    assert job_environment.MESHTRAIN_JOB_ENVIRONMENT not in env
+    assert (env["MESHTRAIN_MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"],
+            env["NCCL_SOCKET_IFNAME"]) == ("127.0.0.1", "lo", "lo")
+
+
+def test_a_slurm_node_without_the_values_fails_the_job_naming_them(tmp_path, monkeypatch):
+    job_dir = _recorded_job(tmp_path)
+    monkeypatch.delenv(job_environment.MESHTRAIN_JOB_ENVIRONMENT, raising=False)
+    with pytest.raises(ConfigError) as missing:
+        slurm_node.host_environment(job_dir, "algo-1", "127.0.0.1", 29500)
+    assert slurm_node.record_host_failure(job_dir, "algo-1", f"ClientError: {missing.value}") == 1
+    reason = hosts_reason(job_dir, 1, ["algo-1"])
+    assert ("ClientError: the job's environment values of HF_TOKEN, N did not reach this "
+            "process") in reason
+    monkeypatch.setenv(job_environment.MESHTRAIN_JOB_ENVIRONMENT,  # sbatch's --export=ALL
+                       job_environment.encode(SPEC.environment))
+    env = slurm_node.host_environment(job_dir, "algo-1", "127.0.0.1", 29500)
+    assert env["HF_TOKEN"] == "hf_secret_value"
+    assert job_environment.MESHTRAIN_JOB_ENVIRONMENT not in env
