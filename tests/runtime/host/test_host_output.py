@@ -1,6 +1,6 @@
 """What a host writes to the job's log, line by line: torchrun's copy of each rank's output in
-whole lines (host/whole_lines.py, pinned against the installed torch), each print() and metric
-line in one write, tracebacks that name the user's source folder, the launch phase line."""
+whole lines (host/whole_lines.py, pinned against the installed torch), a rank's output handed
+on a whole line at a time, tracebacks that name the user's source folder, phase lines."""
 
 from __future__ import annotations
 
@@ -95,19 +95,29 @@ def test_install_leaves_torch_alone_when_its_tailer_changed(monkeypatch):
     assert tail_log.tail_logfile is other_tailer
 
 
-def test_a_rank_prints_each_line_in_one_write(tmp_path):
-    """rank_entry under PYTHONUNBUFFERED (as the hosts run ranks): print() and a metric line
-    reach the file in one write each (strace-free: a pipe read returns what one write wrote)."""
+def test_a_rank_hands_on_whole_lines_only(tmp_path):
+    """rank_entry under PYTHONUNBUFFERED (as the hosts run ranks): what the script printed is
+    in the pipe once its line ends, and a line still being written is not. The script says on
+    stderr when it has printed a whole line and half of the next, then waits: the pipe then
+    holds exactly the whole line (unbuffered, it held the half too)."""
     script = tmp_path / "train.py"
-    script.write_text("import time\nfrom meshtrain_runtime import metrics\n"
-                      "print('x' * 3000)\ntime.sleep(0.3)\n"
-                      "metrics.log_metric('train:loss', 2.5, step=1)\n")
+    script.write_text("import sys\nfrom meshtrain_runtime import metrics\n"
+                      "print('x' * 3000)\nsys.stdout.write('half')\n"
+                      "print('ready', file=sys.stderr)\nsys.stdin.readline()\n"
+                      "print(' and its end')\nmetrics.log_metric('train:loss', 2.5, step=1)\n")
     proc = subprocess.Popen([sys.executable, "-m", "meshtrain_runtime.host.rank_entry",
-                             str(script)], stdout=subprocess.PIPE,
+                             str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "RANK": "0"})
-    reads = [os.read(proc.stdout.fileno(), 65536) for _ in range(2)]
-    proc.wait(timeout=60)
-    assert reads == [b"x" * 3000 + b"\n", b"[meshtrain metric] train:loss=2.5 step=1\n"]
+    try:
+        assert proc.stderr.readline() == b"ready\n"
+        assert os.read(proc.stdout.fileno(), 65536) == b"x" * 3000 + b"\n"
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+    finally:
+        proc.wait(timeout=60)
+    assert rest == b"half and its end\n[meshtrain metric] train:loss=2.5 step=1\n"
 
 
 def test_tracebacks_name_the_users_source_folder(tmp_path, monkeypatch):
