@@ -56,6 +56,9 @@ MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
 MESHTRAIN_FT_REPLICA_GROUP = "MESHTRAIN_FT_REPLICA_GROUP"  # 0 .. N-1
 MESHTRAIN_FT_REPLICA_GROUPS = "MESHTRAIN_FT_REPLICA_GROUPS"  # N
 MESHTRAIN_FT_LIGHTHOUSE = "MESHTRAIN_FT_LIGHTHOUSE"  # http://host:port
+# a folder every replica group's ranks can read and write (the job's): which group finished the
+# job, which group writes a step's checkpoint (meshtrain_runtime.fault.coordination)
+MESHTRAIN_FT_COORDINATION_DIR = "MESHTRAIN_FT_COORDINATION_DIR"
 
 BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"
 """What every backend runs in each host (``python -m``; the image's ``train`` does the same)."""
