@@ -58,7 +58,8 @@ def test_hosts_are_grouped_in_number_order():
 
 def test_each_host_is_told_its_group_the_lighthouse_and_the_settings():
     env = ft_environment(1, FaultTolerance(replica_groups=2, min_replica_groups=2),
-                         "http://127.0.0.1:5")
+                         "http://127.0.0.1:5", Path("/jobs/ft/fault_tolerance"))
+    assert env[names.MESHTRAIN_FT_COORDINATION_DIR] == "/jobs/ft/fault_tolerance"
     assert env[names.MESHTRAIN_FT_REPLICA_GROUP] == "1"
     assert env[names.MESHTRAIN_FT_REPLICA_GROUPS] == "2"
     assert env[names.MESHTRAIN_FT_LIGHTHOUSE] == "http://127.0.0.1:5"

@@ -31,7 +31,11 @@ from meshtrain.backends.hosts.ft_run import FaultTolerantRun
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.hosts.processes import kill_job_processes, stop_groups_gracefully
 from meshtrain.backends.hosts.replica_groups import replica_groups_of
-from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS, restart_after_failure
+from meshtrain.backends.hosts.restarts import (
+    STOP_MARGIN_SECONDS,
+    STOPPED_BY_CLIENT,
+    restart_after_failure,
+)
 from meshtrain.backends.hosts.s3_staging import upload_results
 from meshtrain.contract.failures import (
     HOST_RECORD,
@@ -248,8 +252,9 @@ class HostSupervisor:
                                                 "progress.")
         deadline = time.monotonic() + self.spec.max_run  # max_run counts every attempt
         if replica_groups_of(self.spec):  # each replica group fails and restarts alone
-            status, reason = FaultTolerantRun(self).run(deadline)
-            finish_job(self.job_dir, self.spec, status, reason)
+            run = FaultTolerantRun(self)
+            status, reason = run.run(deadline)
+            finish_job(self.job_dir, self.spec, status, reason, model_hosts=run.model_hosts())
             return
         attempt = 1
         status, reason = self.run_attempt(attempt, deadline)
@@ -263,11 +268,13 @@ class HostSupervisor:
         finish_job(self.job_dir, self.spec, status, reason)
 
 
-def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | None) -> None:
+def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | None, *,
+               model_hosts: list[str] | None = None) -> None:
     """A host job's end, whatever launched its hosts: pack and upload what it wrote (a failure
-    there fails a completed job), then record the final status and its transition."""
+    there fails a completed job; `model_hosts`: whose model folders, default every host's),
+    then record the final status and its transition."""
     job_dir.add_transition("Uploading", "Uploading generated training model")
-    packing_error = package_artifacts(spec, job_dir) or upload_results(
+    packing_error = package_artifacts(spec, job_dir, model_hosts) or upload_results(
         job_dir.root, spec.job_name, output_location(spec, job_dir),
         checkpoint_folder(spec, job_dir))
     if packing_error:
@@ -278,10 +285,6 @@ def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | 
         changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
     job_dir.write_status(**changes)
     job_dir.add_transition(status, _FINAL_MESSAGES[status])
-
-
-STOPPED_BY_CLIENT = ("StopRequested: the job was stopped by its client (stop(), Ctrl-C in fit() "
-                     "or `meshtrain stop`)")
 
 
 _FINAL_MESSAGES = {
