@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
+from meshtrain_runtime import fault
 from meshtrain_runtime.checkpoint_base import (
     PathLike,
     barrier,
@@ -103,7 +105,11 @@ def save_checkpoint(
     """
     wait_for_pending_save()
     target = _resolve_save_dir(path, step)
+    if not fault.writes_checkpoint():  # replica groups: another group's ranks write this step
+        return target if not async_ else PendingCheckpoint(target, _done(), lambda: None)
     record = marker_record(step, extra, optimizer is not None)
+    if fault.session() is not None:  # replica groups resume the job's committed steps
+        record["fault_tolerance"] = fault.checkpoint_record()
     flat = isinstance(model, PipelineModule)  # see _training_state
     if flat:
         record["flat_optimizer"] = True
@@ -202,6 +208,13 @@ def prune_checkpoints(root: PathLike, keep_last: int, *, newest: int | None = No
     return doomed
 
 
+def _done() -> Future:
+    """A future that is already done: the save of a replica group that does not write."""
+    future: Future = Future()
+    future.set_result(None)
+    return future
+
+
 def _check_keep_last(keep_last: int | None, step: int | None) -> None:
     if keep_last is None:
         return
@@ -246,6 +259,7 @@ def load_checkpoint(
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    fault.resume(record.get("fault_tolerance"))  # replica groups go on from its steps
     same_world = record.get("world_size") == world_size()
     restored = same_world and restore_rng_states(target, rank())
     return {"step": record["step"], "extra": record["extra"], "path": str(target),

@@ -9,7 +9,6 @@ import json
 import platform
 import sys
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,8 +39,7 @@ def degrees(world: int, replicate: int, shard: int, tp: int = 1) -> ResolvedDegr
 def test_without_the_environment_the_state_is_left_alone(monkeypatch):
     for key in FT_ENV:
         monkeypatch.delenv(key, raising=False)
-    state = SimpleNamespace(degrees=degrees(2, 1, 2))
-    assert fault.start(state) is state
+    assert fault.start(rank=0, world_size=2, degrees=degrees(2, 1, 2), device_type="cpu") is None
     assert fault.session() is None and fault.current_step() is None
 
 
@@ -52,7 +50,7 @@ def test_without_the_environment_the_state_is_left_alone(monkeypatch):
 def test_a_group_world_that_is_not_one_sharding_group_is_refused(monkeypatch, layout, message):
     monkeypatch.setattr("os.environ", {**FT_ENV})
     with pytest.raises(ConfigError) as error:
-        fault.start(SimpleNamespace(degrees=layout))
+        fault.start(rank=0, world_size=layout.world_size, degrees=layout, device_type="cpu")
     assert message in str(error.value)
     assert f"Set hybrid_shard_degree={layout.world_size}" in str(error.value)
 

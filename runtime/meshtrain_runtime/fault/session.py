@@ -5,11 +5,15 @@ The script needs no change: the transformed model's forward pre-hook starts each
 reduce-scattered gradients across the live groups, and a global optimizer step pre-hook asks the
 Manager whether the step commits: when it does not (a peer died during the step), the gradients are
 dropped (``grad = None``: torch's optimizers then leave those parameters and their state alone).
+
+The group joins the job only when it can step: its torchft Manager (the lighthouse heartbeats,
+the quorum) starts at the group's first training step, after its imports, ``init()``,
+``transform()`` and the optimizer exist, so a restarted group never holds the live groups in a
+quorum while it is still starting.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -21,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import ReplicaGroupEnv
+from meshtrain_runtime.fault import coordination
 from meshtrain_runtime.fault.records import RecordWriter, StepRecord, records_path
 from meshtrain_runtime.fault.shards import (
     load_model_shards,
@@ -28,20 +33,25 @@ from meshtrain_runtime.fault.shards import (
     model_shards,
     optimizer_shards,
 )
+from meshtrain_runtime.fault.torchft_parts import build_manager
 
 JOIN_POLL_SECONDS = 0.25
+StateFns = tuple[Any, Any]  # (load_state_dict, state_dict) a healing peer's state goes through
 
 
 class FaultSession:
     """The Manager of this rank's replica group and the state of the step in flight."""
 
-    def __init__(self, settings: ReplicaGroupEnv, manager: Any, process_group: Any, *,
-                 group_rank: int, group_world_size: int) -> None:
+    def __init__(self, settings: ReplicaGroupEnv, *, group_rank: int, group_world_size: int,
+                 device_type: str) -> None:
         self.settings = settings
-        self.manager = manager
-        self.process_group = process_group
         self.group_rank = group_rank
         self.group_world_size = group_world_size
+        self.device_type = device_type
+        self.manager: Any = None  # torchft's Manager, from the group's first step on
+        self.process_group: Any = None
+        self.state_fns: dict[str, StateFns] = {}
+        self.resumed: dict[str, int] = {"step": 0, "batches_committed": 0}
         self.model: nn.Module | None = None
         self.param_ids: set[int] = set()
         self.optimizer: torch.optim.Optimizer | None = None
@@ -49,6 +59,8 @@ class FaultSession:
         self.needs_quorum = True
         self.first_quorum = True
         self.healed = False
+        self.committed = True  # the last step's decision (a tracked scheduler follows it)
+        self.superseded = False
         self.rows = 0
         self.losses: list[torch.Tensor] = []
         self.last_participants: list[int] = []
@@ -71,11 +83,40 @@ class FaultSession:
         model.register_forward_pre_hook(self._before_forward, prepend=True, with_kwargs=True)
         self.model = model
         self.param_ids = {id(p) for p in model.parameters()}
-        self.manager.register_state_dict_fn("model", self._load_model,
-                                            lambda: model_shards(model))
-        self.manager.register_state_dict_fn("optimizer", self._load_optimizer,
-                                            lambda: optimizer_shards(self.optimizer))
+        self.add_state("model", self._load_model, lambda: model_shards(model))
+        self.add_state("optimizer", self._load_optimizer,
+                       lambda: optimizer_shards(self.optimizer))
         register_optimizer_step_pre_hook(self._before_optimizer_step)
+
+    def add_state(self, key: str, load: Any, save: Any) -> None:
+        """State a healing group receives from its peer under `key`."""
+        if key in self.state_fns:
+            raise ConfigError(f"fault tolerance: {key!r} is already followed.")
+        self.state_fns[key] = (load, save)
+        if self.manager is not None:
+            self.manager.register_state_dict_fn(key, load, save)
+
+    def _start_manager(self) -> None:
+        """Join the job: torchft's Manager for this group (heartbeats start here)."""
+        self.manager, self.process_group = build_manager(
+            self.settings, group_rank=self.group_rank, group_world_size=self.group_world_size,
+            device_type=self.device_type)
+        for key, (load, save) in self.state_fns.items():
+            self.manager.register_state_dict_fn(key, load, save)
+        if self.resumed["step"]:
+            self.manager.load_state_dict(dict(self.resumed))
+
+    def resume(self, record: dict[str, int]) -> None:
+        """A checkpoint was loaded: the committed steps it was saved at become this group's."""
+        self.resumed = {"step": int(record.get("step", 0)),
+                        "batches_committed": int(record.get("batches_committed", 0))}
+        if self.manager is not None:
+            self.manager.load_state_dict(dict(self.resumed))
+
+    def current_step(self) -> int:
+        """Steps committed so far (before the first step: 0, or a loaded checkpoint's)."""
+        return (self.resumed["step"] if self.manager is None
+                else int(self.manager.current_step()))
 
     # --- hooks ---
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -98,21 +139,25 @@ class FaultSession:
             self.begin_step()
         step = self.manager.current_step()
         loss = self._group_loss()
-        committed = self.manager.should_commit()
-        if not committed:  # a peer failed mid-step: the averaged gradients are not valid
+        self._stop_if_the_job_finished()  # never commit a step alone after another finished
+        self.committed = bool(self.manager.should_commit())
+        if not self.committed:  # a peer failed mid-step: the averaged gradients are not valid
             for param in params:
                 param.grad = None
-        self._write(step, committed, loss)
+        self._write(step, self.committed, loss)
         self.needs_quorum = True
 
     # --- steps ---
     def begin_step(self) -> None:
         """Start this step's quorum (healing from a peer first when torchft says so)."""
         self.healed, self.rows, self.losses = False, 0, []
+        if self.manager is None:
+            self._start_manager()
         self.manager.start_quorum()
         if self.first_quorum:
             self._await_all_groups()
             self.first_quorum = False
+        self._stop_if_the_job_finished()
         self.needs_quorum = False
 
     def step_to_run(self) -> int:
@@ -125,15 +170,59 @@ class FaultSession:
         return int(self.manager.current_step())
 
     def _await_all_groups(self) -> None:
-        """At the job's start (step 0) wait for every group, so that all begin together; a
-        group that joins a running job (step > 0 after healing) goes on at once. The decision
-        is read from the quorum only, so every rank of the group takes the same one."""
+        """At this group's first quorum, when no live group is ahead of it (the job's start, or
+        every group resuming from a checkpoint), wait for every group, so that all begin
+        together; a group that heals from a peer ahead of it goes on at once. The decision is
+        read from the quorum only, so every rank of the group takes the same one."""
+        start = self.resumed["step"]
         tries = int(self.settings.quorum_timeout_seconds / JOIN_POLL_SECONDS)
-        while (self.manager.current_step() == 0 and tries > 0
+        while (self.manager.current_step() == start and tries > 0
                and self.manager.num_participants() < self.settings.replica_groups):
             time.sleep(JOIN_POLL_SECONDS)
             self.manager.start_quorum()
             tries -= 1
+
+    def _stop_if_the_job_finished(self) -> None:
+        """In a quorum without every group, stop this group if another finished the job (its
+        marker). The ranks of the group agree first (a collective of the group's own world)."""
+        if self.manager.num_participants() >= self.settings.replica_groups:
+            return
+        folder, own = self.settings.coordination_dir, self.settings.replica_group
+        if not self._group_any(bool(coordination.finished_groups(folder, own))):
+            return
+        self.superseded = True
+        finished = coordination.finished_groups(folder, own)
+        line = None
+        if self.group_rank == 0:
+            line = coordination.mark_superseded(folder, own, finished, self.current_step())
+            coordination.say(line)
+        raise coordination.ReplicaGroupSuperseded(line or "another replica group finished")
+
+    def _group_any(self, flag: bool) -> bool:
+        """True on every rank of this group when it is True on one (MAX over the group)."""
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if self.device_type == "cuda" else torch.device("cpu"))
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def finish(self) -> None:
+        """The script returned: say this group finished the job (before the Manager stops
+        heartbeating, so no other group steps alone without seeing it)."""
+        if self.superseded or self.manager is None or self.group_rank != 0:
+            return
+        coordination.mark_finished(self.settings.coordination_dir,
+                                   self.settings.replica_group, self.current_step())
+
+    def writes_checkpoint(self) -> bool:
+        """Whether this group writes the current step's checkpoint (the lowest of its quorum)."""
+        participants = list(self.process_group.participants) if self.process_group else []
+        return coordination.checkpoint_writer(participants) == self.settings.replica_group
+
+    def checkpoint_record(self) -> dict[str, int]:
+        """What a checkpoint keeps to resume the job's step count."""
+        state = (dict(self.resumed) if self.manager is None else self.manager.state_dict())
+        return {"step": int(state["step"]), "batches_committed": int(state["batches_committed"])}
 
     def note_loss(self, loss: torch.Tensor) -> None:
         """Remember this step's loss (forward_backward's mean; the mean of several calls)."""
@@ -153,9 +242,9 @@ class FaultSession:
         rows = self.rows * self.group_world_size * len(participants)
         if self.healed or participants != self.last_participants:
             healed = " healed from a peer," if self.healed else ""
-            print(f"meshtrain: replica group {self.settings.replica_group} step {step}:{healed} "
-                  f"replica groups {participants} take part (committed: {committed})",
-                  file=sys.stderr, flush=True)
+            coordination.say(f"meshtrain: replica group {self.settings.replica_group} step "
+                             f"{step}:{healed} replica groups {participants} take part "
+                             f"(committed: {committed})")
             self.last_participants = participants
         self.writer.write(StepRecord(
             step=step, replica_group=self.settings.replica_group, participants=participants,
@@ -188,7 +277,8 @@ class FaultSession:
             load_optimizer_shards(self.optimizer, shards)
 
     def shutdown(self) -> None:
-        self.manager.shutdown(wait=False)
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
 
 
 def _rows(args: tuple, kwargs: dict) -> int:
