@@ -25,12 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from meshtrain.backends.hosts.ft_logs import coordination_dir
 from meshtrain.backends.hosts.ft_metrics import (
     fault_tolerance_summary,
     progress_metrics_line,
+    read_checkpoint_records,
     read_step_records,
 )
 from meshtrain.backends.hosts.layout import JobDirectory
@@ -41,15 +42,8 @@ from meshtrain.contract.jobspec import JobSpec
 
 FINISH_WINDOW_SECONDS = 60.0
 """How long a group that has committed the job's last step gets to exit by itself."""
-COORDINATION_FOLDER = "fault_tolerance"
-"""``<job dir>/fault_tolerance``: the groups' markers (MESHTRAIN_FT_COORDINATION_DIR)."""
 
 RUNNING, DONE, LOST, STOPPED = "running", "done", "lost", "stopped"
-
-
-def coordination_dir(job_dir: JobDirectory) -> Path:
-    """The folder every rank of the job shares for the groups' markers."""
-    return job_dir.root / COORDINATION_FOLDER
 
 
 def may_restart(restarts_done: int, budget: int, *, peer_finished: bool,
@@ -202,7 +196,10 @@ class ReplicaGroupCoordinator:
     def report(self, events: list[dict[str, Any]]) -> None:
         """The figures into status.json (describe() reads them) and the ft:* progress line into
         the job log, each when it changed."""
-        summary = fault_tolerance_summary(self.step_records(), events, len(self.groups))
+        summary = fault_tolerance_summary(
+            self.step_records(), events, len(self.groups),
+            read_checkpoint_records(self.job_dir.host_paths(h).output_data_dir
+                                    for h in self.spec.hosts))
         if self.first_done is not None:
             summary["FinishedReplicaGroup"] = self.first_done.index
             summary["ModelArtifactsFrom"] = list(self.first_done.hosts)

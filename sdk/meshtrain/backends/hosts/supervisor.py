@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 
 from meshtrain.backends.hosts.artifacts import output_location, package_artifacts
+from meshtrain.backends.hosts.ft_logs import debug_log, is_torchft_debug
 from meshtrain.backends.hosts.ft_run import FaultTolerantRun
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.hosts.processes import kill_job_processes, stop_groups_gracefully
@@ -37,6 +38,7 @@ from meshtrain.backends.hosts.restarts import (
     restart_after_failure,
 )
 from meshtrain.backends.hosts.s3_staging import upload_results
+from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
     HOST_RECORD,
     HOST_STOPPED_EXIT_CODE,
@@ -122,10 +124,14 @@ class HostSupervisor:
         A log that cannot be written (a full disk) fails the job, but the output is still
         read to the end so that the host never blocks on a full pipe."""
         host_log = self.job_dir.host_log(host)
-        own = merged = None
+        group = self.host_extra_env.get(host, {}).get(names.MESHTRAIN_FT_REPLICA_GROUP)
+        own = merged = debug = None
         try:
             host_log.parent.mkdir(parents=True, exist_ok=True)
             own, merged = open(host_log, "ab"), open(self.job_dir.log_file, "ab")  # noqa: SIM115
+            if group is not None:  # a replica group's host: torchft's lines go aside
+                debug_log(self.job_dir, group).parent.mkdir(parents=True, exist_ok=True)
+                debug = open(debug_log(self.job_dir, group), "ab")  # noqa: SIM115
         except OSError as error:
             self._log_fault(host_log, error)
         for line in iter(proc.stdout.readline, b""):
@@ -133,17 +139,18 @@ class HostSupervisor:
             if own is None or merged is None or self.resource_fault:
                 continue
             prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
+            sink = debug if debug is not None and is_torchft_debug(line) else merged
             target = host_log
             try:
                 own.write(line)
                 own.flush()
                 target = self.job_dir.log_file
                 with self.log_lock:
-                    merged.write(prefixed)
-                    merged.flush()
+                    sink.write(prefixed)
+                    sink.flush()
             except OSError as error:
                 self._log_fault(target, error)
-        for handle in (own, merged):
+        for handle in (own, merged, debug):
             if handle is not None:
                 with contextlib.suppress(OSError):
                     handle.close()
