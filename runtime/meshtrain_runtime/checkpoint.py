@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import time
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
@@ -104,6 +105,7 @@ def save_checkpoint(
     marker over new, partial files.
     """
     wait_for_pending_save()
+    started = time.monotonic()
     target = _resolve_save_dir(path, step)
     if not fault.writes_checkpoint():  # replica groups: another group's ranks write this step
         return target if not async_ else PendingCheckpoint(target, _done(), lambda: None)
@@ -134,6 +136,7 @@ def save_checkpoint(
     barrier()  # every rank's files are on disk before the marker says so
     complete()
     barrier()
+    fault.note_checkpoint("write", time.monotonic() - started, step)
     return target
 
 
@@ -241,6 +244,7 @@ def load_checkpoint(
     still in flight is finished first.
     """
     wait_for_pending_save()
+    started = time.monotonic()
     target, record = _broadcast_from_rank0(_find_loadable, path)
     if isinstance(record, str):  # rank 0 found a problem: every rank raises the same error
         raise ConfigError(record)
@@ -260,6 +264,7 @@ def load_checkpoint(
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(flatten_optimizer_state_dict=flat))
     fault.resume(record.get("fault_tolerance"))  # replica groups go on from its steps
+    fault.note_checkpoint("load", time.monotonic() - started, record["step"])
     same_world = record.get("world_size") == world_size()
     restored = same_world and restore_rng_states(target, rank())
     return {"step": record["step"], "extra": record["extra"], "path": str(target),

@@ -40,8 +40,8 @@ GROUPS = 2
 DELAY = 0.15  # seconds per step (data loading): the survivor steps while group 1 restarts
 PAUSE_AT = 4  # group 1 is killed in this step, after its quorum, before its gradients
 REJOIN_BOUND = 120  # seconds from the restart to its first (healed) step: a hang, not a speed
-RECORD_KEYS = {"step", "replica_group", "participants", "committed", "time", "healed", "loss",
-               "effective_batch"}
+RECORD_KEYS = {"step", "replica_group", "participants", "committed", "began", "quorum_seconds",
+               "time", "healed", "loss", "effective_batch"}
 
 
 def _free_port() -> int:

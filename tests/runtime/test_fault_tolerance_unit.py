@@ -89,14 +89,16 @@ def test_the_json_lines_go_to_the_output_data_dir(tmp_path):
         tmp_path / "fault_tolerance" / "replica-1.jsonl")
     assert str(records_path(0, {})) == "/opt/ml/output/data/fault_tolerance/replica-0.jsonl"
     writer = RecordWriter(records_path(1, {"SM_OUTPUT_DATA_DIR": str(tmp_path)}))
-    record = StepRecord(step=3, replica_group=1, participants=[0, 1], committed=True, time=1.5,
-                        healed=False, loss=0.25, effective_batch=16)
+    record = StepRecord(step=3, replica_group=1, participants=[0, 1], committed=True, began=1.25,
+                        quorum_seconds=0.125, time=1.5, healed=False, loss=0.25,
+                        effective_batch=16)
     writer.write(record)
     writer.write(record)
     lines = writer.path.read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{
-        "step": 3, "replica_group": 1, "participants": [0, 1], "committed": True, "time": 1.5,
-        "healed": False, "loss": 0.25, "effective_batch": 16}] * 2
+        "step": 3, "replica_group": 1, "participants": [0, 1], "committed": True, "began": 1.25,
+        "quorum_seconds": 0.125, "time": 1.5, "healed": False, "loss": 0.25,
+        "effective_batch": 16}] * 2
 
 
 def test_shards_move_model_and_adamw_state_between_models_bitwise():

@@ -130,6 +130,13 @@ def checkpoint_record() -> dict[str, int] | None:
     return None if _session is None else _session.checkpoint_record()
 
 
+def note_checkpoint(kind: str, seconds: float, step: int | None) -> None:
+    """A checkpoint was written ("write") or loaded ("load") in `seconds` (kept for the job's
+    measured times; no-op without replica groups)."""
+    if _session is not None:
+        _session.note_checkpoint(kind, seconds, step)
+
+
 def resume(record: dict[str, int] | None) -> None:
     """A checkpoint with `checkpoint_record`'s values was loaded: this group goes on from its
     committed steps (no-op without replica groups, or for a checkpoint without them)."""
@@ -137,5 +144,5 @@ def resume(record: dict[str, int] | None) -> None:
         _session.resume(record)
 
 
-__all__ = ["attach_model", "checkpoint_record", "current_step", "finish", "note_loss", "resume",
-           "session", "start", "step_to_run", "track", "writes_checkpoint"]
+__all__ = ["attach_model", "checkpoint_record", "current_step", "finish", "note_checkpoint",
+           "note_loss", "resume", "session", "start", "step_to_run", "track", "writes_checkpoint"]

@@ -15,6 +15,7 @@ quorum while it is still starting.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ class FaultSession:
         self.needs_quorum = True
         self.first_quorum = True
         self.healed = False
+        self.began = self.quorum_seconds = 0.0
         self.committed = True  # the last step's decision (a tracked scheduler follows it)
         self.superseded = False
         self.rows = 0
@@ -103,6 +105,10 @@ class FaultSession:
             device_type=self.device_type)
         for key, (load, save) in self.state_fns.items():
             self.manager.register_state_dict_fn(key, load, save)
+        # torchft's transport hands torch a read-only buffer of the peer's state, which torch
+        # copies; its warning (2 lines per rank and heal) says nothing to the user
+        warnings.filterwarnings("ignore", message="The given buffer is not writable",
+                                category=UserWarning)
         if self.resumed["step"]:
             self.manager.load_state_dict(dict(self.resumed))
 
@@ -151,12 +157,14 @@ class FaultSession:
     def begin_step(self) -> None:
         """Start this step's quorum (healing from a peer first when torchft says so)."""
         self.healed, self.rows, self.losses = False, 0, []
+        self.began = time.time()
         if self.manager is None:
             self._start_manager()
         self.manager.start_quorum()
         if self.first_quorum:
             self._await_all_groups()
             self.first_quorum = False
+        self.quorum_seconds = time.time() - self.began
         self._stop_if_the_job_finished()
         self.needs_quorum = False
 
@@ -224,6 +232,13 @@ class FaultSession:
         state = (dict(self.resumed) if self.manager is None else self.manager.state_dict())
         return {"step": int(state["step"]), "batches_committed": int(state["batches_committed"])}
 
+    def note_checkpoint(self, kind: str, seconds: float, step: int | None) -> None:
+        """A checkpoint this group saved or loaded took `seconds` (its rank 0 keeps a line)."""
+        if self.group_rank == 0:
+            RecordWriter(records_path(self.settings.replica_group, kind="checkpoints")).write(
+                {"kind": kind, "seconds": round(seconds, 4), "step": step, "time": time.time(),
+                 "replica_group": self.settings.replica_group})
+
     def note_loss(self, loss: torch.Tensor) -> None:
         """Remember this step's loss (forward_backward's mean; the mean of several calls)."""
         self.losses.append(loss.detach().float())
@@ -248,7 +263,8 @@ class FaultSession:
             self.last_participants = participants
         self.writer.write(StepRecord(
             step=step, replica_group=self.settings.replica_group, participants=participants,
-            committed=committed, time=time.time(), healed=self.healed, loss=loss,
+            committed=committed, began=self.began, quorum_seconds=round(self.quorum_seconds, 4),
+            time=time.time(), healed=self.healed, loss=loss,
             effective_batch=rows if committed and rows else None))
 
     # --- state a healing peer receives ---
