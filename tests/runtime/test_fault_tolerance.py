@@ -141,9 +141,10 @@ def _replay(steps: dict[int, list[int]]) -> dict[tuple[int, int], float]:
     rows of step k of the groups that took part. Returns each (step, group)'s mean loss."""
     torch.manual_seed(0)
     model = worker.Tiny()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=worker.LR)
     losses = {}
     for step, participants in sorted(steps.items()):
+        optimizer.param_groups[0]["lr"] = worker.LR * worker.lr_factor(step)
         group_losses = []
         for group in participants:
             rows = [worker.batch(group * SHARD + s, step) for s in range(SHARD)]
@@ -214,6 +215,13 @@ def check_records(job: Job, kill: tuple[float, float], restarted_at: float,
         lines = job.digest_lines(0, rank, "first")
         assert lines[PAUSE_AT]["step"] == PAUSE_AT  # the uncommitted step: the count stays
         assert lines[PAUSE_AT]["digest"] == lines[PAUSE_AT - 1]["digest"]
+        # the tracked LR scheduler moved with the committed steps only (not the dropped step)
+        assert all(line["scheduler_epoch"] == line["step"] for line in lines)
+        assert lines[PAUSE_AT]["lr"] == lines[PAUSE_AT - 1]["lr"]
+        restarted_lines = job.digest_lines(1, rank, "restart")  # healed: the peer's schedule
+        assert all(line["scheduler_epoch"] == line["step"] for line in restarted_lines)
+        assert all(line["lr"] == pytest.approx(worker.LR * worker.lr_factor(line["step"]))
+                   for line in lines + restarted_lines)
     alone = [r for r in survivor if r["committed"] and r["participants"] == [0]]
     assert len(alone) >= 3, survivor
     assert all(killed_at - 1 < r["time"] for r in alone)

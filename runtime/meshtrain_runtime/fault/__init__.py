@@ -97,19 +97,20 @@ def step_to_run() -> int | None:
     return None if _session is None else _session.step_to_run()
 
 
-def track(scheduler: Any) -> Any:
-    """Keep a torch LR scheduler in step with the committed steps; returns it.
+def track(follower: Any) -> Any:
+    """Keep a torch LR scheduler (or GradScaler) in step with the committed steps; returns it.
 
     ``scheduler = fault.track(torch.optim.lr_scheduler.LambdaLR(optimizer, ...))``: its
-    ``step()`` does nothing after an optimizer step that did not commit (the optimizer did not
-    move either), and a healing group receives its state from the peer with the model's, so a
-    restarted group goes on at the peer's learning rate. Without fault tolerance it is the
-    scheduler, untouched."""
+    ``step()`` (a scaler's ``update()``) does nothing after an optimizer step that did not
+    commit (the optimizer did not move either), and a healing group receives its state from the
+    peer with the model's, so a restarted group goes on at the job's learning rate.
+    ``meshtrain_runtime.grad_scaler()`` returns a tracked scaler already. Without fault
+    tolerance it returns `follower` untouched."""
     if _session is None:
-        return scheduler
-    from meshtrain_runtime.fault.follow import follow_scheduler
+        return follower
+    from meshtrain_runtime.fault.follow import follow
 
-    return follow_scheduler(_session, scheduler)
+    return follow(_session, follower)
 
 
 def finish() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from meshtrain.contract.env import MESHTRAIN_ATTEMPT
@@ -56,7 +57,7 @@ def mark_finished(folder: str | None, group: int, committed_steps: int) -> None:
     """Say that `group` finished the job after `committed_steps` steps (its rank 0 calls it)."""
     if folder is not None:
         write_marker(folder, FINISHED, group, {"committed_steps": committed_steps,
-                                               "attempt": _attempt()})
+                                               "attempt": _attempt(), "time": time.time()})
 
 
 def mark_superseded(folder: str | None, group: int, finished: dict[int, dict[str, Any]],
@@ -66,7 +67,8 @@ def mark_superseded(folder: str | None, group: int, finished: dict[int, dict[str
     steps = finished.get(first, {}).get("committed_steps") if first is not None else None
     if folder is not None:
         write_marker(folder, SUPERSEDED, group, {"finished_group": first, "attempt": _attempt(),
-                                                 "committed_steps": committed_steps})
+                                                 "committed_steps": committed_steps,
+                                                 "time": time.time()})
     return (f"meshtrain: replica group {group} stops: replica group {first} finished the job "
             f"({steps} steps committed) while this group's loop had not; it does not train on "
             f"alone (this group committed {committed_steps})")

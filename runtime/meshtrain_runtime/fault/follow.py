@@ -1,9 +1,12 @@
-"""A torch LR scheduler that follows the committed steps of a fault-tolerant job (``fault.track``).
+"""What moves once per optimizer step follows the committed steps of a fault-tolerant job
+(``fault.track``): a torch LR scheduler, a torch GradScaler.
 
-A step that did not commit leaves the optimizer as it was (its gradients are dropped), so the
-scheduler must not move either: its ``step()`` is skipped after such a step. A healing group
-receives the scheduler's state from its peer with the model's and the optimizer's, so a restarted
-group goes on at the job's learning rate, not its own loop's first one.
+A step that did not commit leaves the optimizer as it was (its gradients are dropped), so neither
+may move: the scheduler's ``step()`` is skipped after such a step, and the scaler's ``update()``
+runs (torch's scaler needs it before its next ``step()``) with its scale and growth count put
+back as they were.
+A healing group receives their state from its peer with the model's and the optimizer's, so a
+restarted group goes on at the job's learning rate and loss scale, not its loop's first ones.
 """
 
 from __future__ import annotations
@@ -13,29 +16,47 @@ from typing import Any
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.fault.session import FaultSession
 
+# what moves once per step, by the kind of object: (its method, the key of its healed state)
+_MOVERS = (("update", "grad_scaler"), ("step", "lr_scheduler"))
 
-def follow_scheduler(session: FaultSession, scheduler: Any) -> Any:
-    """Make `scheduler` follow `session`'s committed steps; returns it."""
-    if not (callable(getattr(scheduler, "step", None))
-            and callable(getattr(scheduler, "state_dict", None))
-            and callable(getattr(scheduler, "load_state_dict", None))):
+
+def follow(session: FaultSession, follower: Any) -> Any:
+    """Make `follower` (an LR scheduler or a GradScaler) follow `session`'s committed steps."""
+    if getattr(follower, "_meshtrain_followed", False):
+        return follower
+    method = _mover(follower)
+    if method is None:
         raise ConfigError(
-            f"fault.track() follows a torch LR scheduler (step, state_dict, load_state_dict); "
-            f"got {type(scheduler).__name__}.")
-    if getattr(scheduler, "_meshtrain_followed", False):
-        return scheduler
-    step = scheduler.step
+            "fault.track() follows a torch LR scheduler (step, state_dict, load_state_dict) or "
+            f"a torch GradScaler (update, state_dict, load_state_dict); got "
+            f"{type(follower).__name__}.")
+    name, kind = method
+    move = getattr(follower, name)
 
-    def step_if_committed(*args: Any, **kwargs: Any) -> Any:
+    def move_if_committed(*args: Any, **kwargs: Any) -> Any:
         if session.committed:
-            return step(*args, **kwargs)
-        return None  # the optimizer step did not commit: nothing moved, neither does this
+            return move(*args, **kwargs)
+        if kind == "lr_scheduler":
+            return None  # the optimizer step did not commit: nothing moved, neither does this
+        kept = follower.state_dict()
+        result = move(*args, **kwargs)  # ends the scaler's step (its per-step bookkeeping)
+        follower.load_state_dict(kept)
+        return result
 
-    key = f"lr_scheduler.{sum(k.startswith('lr_scheduler.') for k in session.state_fns)}"
-    session.add_state(key, scheduler.load_state_dict, scheduler.state_dict)
-    scheduler.step = step_if_committed
-    scheduler._meshtrain_followed = True
-    return scheduler
+    key = f"{kind}.{sum(k.startswith(kind + '.') for k in session.state_fns)}"
+    session.add_state(key, follower.load_state_dict, follower.state_dict)
+    setattr(follower, name, move_if_committed)
+    follower._meshtrain_followed = True
+    return follower
 
 
-__all__ = ["follow_scheduler"]
+def _mover(follower: Any) -> tuple[str, str] | None:
+    if not all(callable(getattr(follower, m, None)) for m in ("state_dict", "load_state_dict")):
+        return None
+    for name, kind in _MOVERS:
+        if callable(getattr(follower, name, None)):
+            return name, kind
+    return None
+
+
+__all__ = ["follow"]

@@ -186,6 +186,7 @@ class FaultSession:
         tries = int(self.settings.quorum_timeout_seconds / JOIN_POLL_SECONDS)
         while (self.manager.current_step() == start and tries > 0
                and self.manager.num_participants() < self.settings.replica_groups):
+            self._stop_if_the_job_finished()  # a group that finished never comes
             time.sleep(JOIN_POLL_SECONDS)
             self.manager.start_quorum()
             tries -= 1
