@@ -20,7 +20,7 @@ from meshtrain.backends.hosts.layout import JobDirectory
 COORDINATION_FOLDER = "fault_tolerance"
 """``<job dir>/fault_tolerance``: the groups' shared folder (markers, debug logs)."""
 _TORCHFT_DEBUG = re.compile(
-    rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} \[(?:INFO|DEBUG|TRACE)\] \[torchft"  # Rust core
+    rb"\[(?:INFO|DEBUG|TRACE)\] \[torchft::"  # its Rust core (a line torchrun split, too)
     rb"|\] Unable to reset NCCL flight recorder recording"  # every quorum change
     rb'|"GET /checkpoint/\S* HTTP/[\d.]+" \d{3} ')  # its checkpoint server's requests
 

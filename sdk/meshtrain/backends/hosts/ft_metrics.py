@@ -108,16 +108,20 @@ def recovery(event: dict[str, Any], records: list[dict[str, Any]],
 
 
 def survivor_gap(group: int, failed_at: float, records: list[dict[str, Any]]) -> float | None:
-    """The longest time another group went without a committed step across the failure (its
-    last commit before it to its first after; failure detection included)."""
+    """The longest time another group went without a committed step at this failure: from its
+    commit before its first step without `group` (after `group`'s last commit before the
+    failure) to that step's commit; failure detection included."""
+    own = [float(r["time"]) for r in records if int(r["replica_group"]) == group
+           and r.get("committed") and float(r["time"]) <= failed_at]
+    since = max(own, default=failed_at)
     gaps = []
     for other in {int(r["replica_group"]) for r in records} - {group}:
-        times = sorted(float(r["time"]) for r in records
-                       if int(r["replica_group"]) == other and r.get("committed"))
-        before = [t for t in times if t <= failed_at]
-        after = [t for t in times if t > failed_at]
-        if before and after:
-            gaps.append(after[0] - before[-1])
+        commits = sorted((float(r["time"]), r) for r in records
+                         if int(r["replica_group"]) == other and r.get("committed"))
+        for (before, _), (after, record) in itertools.pairwise(commits):
+            if after > since and group not in record.get("participants", []):
+                gaps.append(after - before)
+                break
     return round(max(gaps), 3) if gaps else None
 
 
