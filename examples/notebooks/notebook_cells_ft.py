@@ -24,7 +24,6 @@ recorded. It needs Linux x86_64 and `meshtrain[ft]` (torchft), and matplotlib.
     ("md", "## 1. Setup"),
     ("code", '''
 import importlib.util
-import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
