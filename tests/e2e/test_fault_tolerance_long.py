@@ -76,7 +76,7 @@ def long_run(tmp_path_factory) -> dict[str, Any]:
                                                            "processes_per_host": 2}},
                        environment={"BUSY_STOP": str(stop), "OMP_NUM_THREADS": "1"},
                        max_run=900).fit(wait=False, job_name="beside")
-    job = _job(home, "ft-long", LONG_STEPS, delay=0.02)
+    job = _job(home, "ft-long", LONG_STEPS, delay=0.12)  # 550 steps after the kill: > 60 s
     try:
         wait_for(f"group 1 to commit {KILL_AT_STEP} steps", lambda: sum(
             r["committed"] for r in _records(job, 1)) >= KILL_AT_STEP, job)

@@ -9,6 +9,7 @@ import json
 import platform
 import sys
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -125,7 +126,7 @@ def test_shards_move_model_and_adamw_state_between_models_bitwise():
 
 def _session(tmp_path, group: int = 1, rank: int = 0):
     from meshtrain.contract.fault_tolerance import ReplicaGroupEnv
-    from meshtrain_runtime.fault.session import FaultSession
+    from meshtrain_runtime.fault.group_session import FaultSession
 
     settings = ReplicaGroupEnv(group, 2, "http://127.0.0.1:1",
                                coordination_dir=str(tmp_path / "coordination"))
@@ -233,3 +234,13 @@ def test_the_rank_entry_marks_a_finished_group_only_on_success(monkeypatch):
                         SimpleNamespace(finish=lambda: calls.append("finish")))
     rank_entry.finish_replica_group()
     assert calls == ["finish"]
+
+
+def test_the_session_function_is_not_shadowed_by_a_submodule():
+    """A submodule named like a function of the package replaces it once imported
+    (fault.session() became a module and save_checkpoint's call to it failed)."""
+    import meshtrain_runtime.fault.group_session  # noqa: F401
+
+    assert callable(fault.session) and fault.session() is None
+    names = {p.stem for p in Path(fault.__file__).parent.glob("*.py")}
+    assert not names & set(fault.__all__), names & set(fault.__all__)

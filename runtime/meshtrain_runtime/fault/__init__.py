@@ -2,7 +2,8 @@
 
 When the backend sets ``MESHTRAIN_FT_*`` for a rank, ``init()`` calls `start`: it checks the
 group's layout and readies a session for this replica group (its own torchrun world); the
-group's torchft Manager starts at its first training step (session.py says why), and
+group's torchft Manager starts at its first training step (group_session.py says why; the
+module is not named ``session``, which would shadow `session()` once imported), and
 ``state.dp_rank``/``dp_size`` become the job-wide coordinates (group g's shard rank s reads rows
 ``g x shard + s`` of ``N x shard``) so a script's data sharding does not change through failures.
 ``transform()`` calls `attach_model`, ``forward_backward`` calls `note_loss`, the rank entry
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from meshtrain_runtime.fault.session import FaultSession
+    from meshtrain_runtime.fault.group_session import FaultSession
 
 _session: FaultSession | None = None
 
@@ -39,7 +40,7 @@ def start(*, rank: int, world_size: int, degrees: ResolvedDegrees,
     if settings is None:
         return None
     _check_group_layout(degrees, settings.replica_groups)
-    from meshtrain_runtime.fault.session import FaultSession
+    from meshtrain_runtime.fault.group_session import FaultSession
     from meshtrain_runtime.fault.torchft_parts import check_group_world, import_torchft
 
     import_torchft()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain_runtime.fault.session import FaultSession
+from meshtrain_runtime.fault.group_session import FaultSession
 
 # what moves once per step, by the kind of object: (its method, the key of its healed state)
 _MOVERS = (("update", "grad_scaler"), ("step", "lr_scheduler"))
