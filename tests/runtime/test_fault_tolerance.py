@@ -196,6 +196,18 @@ def test_a_killed_group_restarts_heals_from_its_peer_and_the_other_trains_throug
     check_records(job, (kill_started, killed_at), restarted_at, before)
 
 
+def _check_the_tracked_scheduler(job: Job, rank: int) -> None:
+    """The tracked LR scheduler moved with the committed steps only (not the dropped step), and
+    the restarted group went on with its peer's schedule after healing."""
+    lines = job.digest_lines(0, rank, "first")
+    assert all(line["scheduler_epoch"] == line["step"] for line in lines)
+    assert lines[PAUSE_AT]["lr"] == lines[PAUSE_AT - 1]["lr"]
+    restarted = job.digest_lines(1, rank, "restart")
+    assert all(line["scheduler_epoch"] == line["step"] for line in restarted)
+    assert all(line["lr"] == pytest.approx(worker.LR * worker.lr_factor(line["step"]))
+               for line in lines + restarted)
+
+
 def check_records(job: Job, kill: tuple[float, float], restarted_at: float,
                   committed_before: int) -> None:
     _, killed_at = kill
@@ -215,13 +227,7 @@ def check_records(job: Job, kill: tuple[float, float], restarted_at: float,
         lines = job.digest_lines(0, rank, "first")
         assert lines[PAUSE_AT]["step"] == PAUSE_AT  # the uncommitted step: the count stays
         assert lines[PAUSE_AT]["digest"] == lines[PAUSE_AT - 1]["digest"]
-        # the tracked LR scheduler moved with the committed steps only (not the dropped step)
-        assert all(line["scheduler_epoch"] == line["step"] for line in lines)
-        assert lines[PAUSE_AT]["lr"] == lines[PAUSE_AT - 1]["lr"]
-        restarted_lines = job.digest_lines(1, rank, "restart")  # healed: the peer's schedule
-        assert all(line["scheduler_epoch"] == line["step"] for line in restarted_lines)
-        assert all(line["lr"] == pytest.approx(worker.LR * worker.lr_factor(line["step"]))
-                   for line in lines + restarted_lines)
+        _check_the_tracked_scheduler(job, rank)
     alone = [r for r in survivor if r["committed"] and r["participants"] == [0]]
     assert len(alone) >= 3, survivor
     assert all(killed_at - 1 < r["time"] for r in alone)

@@ -140,8 +140,8 @@ class ReplicaGroupCoordinator:
         if self.first_done is None or self.first_done_at is None:
             return []
         late = (now or time.monotonic()) - self.first_done_at >= FINISH_WINDOW_SECONDS
-        last = self.committed_steps().get(self.first_done.index, 0)
         committed = self.committed_steps()
+        last = committed.get(self.first_done.index, 0)
         chosen = []
         for group in self.running():
             behind = committed.get(group.index, 0) < last
