@@ -125,7 +125,8 @@ def save_checkpoint(
     save_rng_states(target, rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
     writer = dcp.FileSystemWriter(str(target), overwrite=True)
-    state = _training_state(model, optimizer, flat=flat)
+    with fault.outside_training():  # torch may step the optimizer to create its state
+        state = _training_state(model, optimizer, flat=flat)
     complete = partial(_complete, target, record, root, keep_last)
     if async_:
         global _pending
@@ -255,14 +256,15 @@ def load_checkpoint(
             "optimizer."
         )
     flat = bool(record.get("flat_optimizer"))
-    state = _training_state(model, optimizer, flat=flat)
-    dcp.load(state, checkpoint_id=str(target))
-    if optimizer is None:
-        set_model_state_dict(model, state["model"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    with fault.outside_training():  # torch may step the optimizer to create its state
+        state = _training_state(model, optimizer, flat=flat)
+        dcp.load(state, checkpoint_id=str(target))
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(flatten_optimizer_state_dict=flat))
     fault.resume(record.get("fault_tolerance"))  # replica groups go on from its steps
     fault.note_checkpoint("load", time.monotonic() - started, record["step"])
     same_world = record.get("world_size") == world_size()

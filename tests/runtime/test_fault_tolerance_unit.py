@@ -244,3 +244,20 @@ def test_the_session_function_is_not_shadowed_by_a_submodule():
     assert callable(fault.session) and fault.session() is None
     names = {p.stem for p in Path(fault.__file__).parent.glob("*.py")}
     assert not names & set(fault.__all__), names & set(fault.__all__)
+
+
+def test_optimizer_steps_of_checkpoint_helpers_are_no_training_steps(tmp_path, monkeypatch):
+    """torch's state_dict helpers step an optimizer with zero gradients to create its state;
+    inside fault.outside_training() that starts no quorum (no Manager) and commits nothing."""
+    monkeypatch.setenv("SM_OUTPUT_DATA_DIR", str(tmp_path))
+    session = _session(tmp_path)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    session.param_ids = {id(p) for p in model.parameters()}
+    monkeypatch.setattr(fault, "_session", session)
+    with fault.outside_training():
+        session._before_optimizer_step(optimizer, (), {})
+    assert session.manager is None and session.optimizer is None
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ConfigError, match="MASTER_ADDR is not set"):  # outside it, a step
+        session._before_optimizer_step(optimizer, (), {})  # starts the group's Manager

@@ -15,7 +15,9 @@ until a job asks for it, and nothing here imports the rest of the runtime.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from meshtrain.contract.degrees import ResolvedDegrees
@@ -114,6 +116,21 @@ def track(follower: Any) -> Any:
     return follow(_session, follower)
 
 
+@contextlib.contextmanager
+def outside_training() -> Iterator[None]:
+    """Optimizer steps inside are no training steps: torch's checkpoint helpers step an
+    optimizer with zero gradients (and lr 0) to create its state, which must start no quorum
+    and commit nothing (save_checkpoint and load_checkpoint run inside this)."""
+    if _session is None:
+        yield
+        return
+    _session.outside_training += 1
+    try:
+        yield
+    finally:
+        _session.outside_training -= 1
+
+
 def finish() -> None:
     """The script returned (the rank entry calls this): mark this group finished."""
     if _session is not None:
@@ -147,4 +164,5 @@ def resume(record: dict[str, int] | None) -> None:
 
 
 __all__ = ["attach_model", "checkpoint_record", "current_step", "finish", "note_checkpoint",
-           "note_loss", "resume", "session", "start", "step_to_run", "track", "writes_checkpoint"]
+           "note_loss", "outside_training", "resume", "session", "start", "step_to_run", "track",
+           "writes_checkpoint"]

@@ -63,6 +63,7 @@ class FaultSession:
         self.began = self.quorum_seconds = 0.0
         self.committed = True  # the last step's decision (a tracked scheduler follows it)
         self.superseded = False
+        self.outside_training = 0  # > 0: optimizer steps are not training steps (checkpoints)
         self.rows = 0
         self.losses: list[torch.Tensor] = []
         self.last_participants: list[int] = []
@@ -138,8 +139,8 @@ class FaultSession:
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any,
                                kwargs: Any) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not any(id(p) in self.param_ids for p in params):
-            return  # an optimizer of something else
+        if self.outside_training or not any(id(p) in self.param_ids for p in params):
+            return  # an optimizer of something else, or torch creating a loaded one's state
         self._adopt(optimizer)
         if self.needs_quorum:  # a step without a training forward pass
             self.begin_step()
