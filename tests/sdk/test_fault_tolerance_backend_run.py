@@ -7,6 +7,7 @@ second or two."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tarfile
@@ -180,8 +181,13 @@ def test_a_group_that_stopped_itself_for_a_finished_peer_is_not_the_one_that_fin
     """Group 1's ranks stop themselves once group 0 finished (exit 0, a superseded marker):
     the job is group 0's, whatever order the hosts exit in; the model is group 0's."""
     supervisor = _supervisor(source, "0-1=finish,1-1=supersede", restarts=1)
-    for host in ("algo-1", "algo-3"):
+    for host, group in (("algo-1", 0), ("algo-3", 1)):
         (supervisor.job_dir.host_paths(host).model_dir / "model.txt").write_text(host)
+        folder = supervisor.job_dir.host_paths(host).output_data_dir / "fault_tolerance"
+        folder.mkdir(parents=True)  # both took part in the job's 5 steps, as in a real job
+        (folder / f"replica-{group}.jsonl").write_text("".join(
+            json.dumps({"step": step, "replica_group": group, "participants": [0, 1],
+                        "committed": True, "time": 1.0 + step}) + "\n" for step in range(5)))
     status = _run(supervisor)
     assert status["TrainingJobStatus"] == "Completed"
     log = supervisor.job_dir.log_file.read_text()
