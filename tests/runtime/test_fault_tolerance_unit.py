@@ -6,6 +6,7 @@ The real run (lighthouse, 2 replica groups, a kill and a heal) is test_fault_tol
 from __future__ import annotations
 
 import json
+import pickle
 import platform
 import sys
 from datetime import timedelta
@@ -171,6 +172,9 @@ def test_a_tracked_scheduler_moves_only_with_committed_steps_and_heals(tmp_path,
     assert scheduler.last_epoch == 1 and optimizer.param_groups[0]["lr"] == 0.5
     load, save = session.state_fns["lr_scheduler.0"]  # what a healing peer receives
     peer = save()
+    pickle.dumps(peer)  # it travels (and checkpoints hold it): nothing of the wrapping in it
+    plain = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0)
+    assert set(peer) == set(torch.optim.lr_scheduler.LambdaLR(plain, lambda k: 1.0).state_dict())
     session.committed = True
     for _ in range(3):
         scheduler.step()
