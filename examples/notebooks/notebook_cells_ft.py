@@ -40,7 +40,7 @@ The docs' lead example: `fault_tolerance: {"replica_groups": 2}` and nothing els
 (its 2 ranks shard the model) is one replica group.
 """),
     ("code", '''
-estimator = ft.estimator(steps=120, step_seconds=0.2)
+estimator = ft.estimator(steps=160, step_seconds=0.2)
 print(estimator.distribution)
 job = estimator.fit(wait=False)
 '''),

@@ -302,7 +302,7 @@ def test_stop_resume_and_restart(tmp_path):
 def test_fault_tolerance_example(tmp_path):
     """The launcher kills a rank of group 1; the job recovers by itself and says so."""
     import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure under CI
-    stdout = run_example("fault_tolerance/launch.py", tmp_path, "--steps", "100",
+    stdout = run_example("fault_tolerance/launch.py", tmp_path, "--steps", "160",
                          "--step-seconds", "0.2", "--plot", str(tmp_path / "steps.png"))
     assert "killed rank 1 of replica group 1" in stdout
     assert "[meshtrain] replica group 1 (algo-2) failed" in stdout
