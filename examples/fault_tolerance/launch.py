@@ -97,6 +97,11 @@ def report(job: Any, killed_at: float) -> None:
     print(f"\nJob {description['TrainingJobStatus']}: {figures['CommittedSteps']} committed "
           f"steps, goodput {figures['Goodput']:.1%} ({figures['GoodputDefinition']})")
     for recovery in figures["Recoveries"]:
+        if not recovery["Rejoined"]:
+            print(f"Group {recovery['ReplicaGroup']} was restarted, but group 0 finished its "
+                  f"loop first ({recovery['StepsWithoutIt']} steps without it): on a loaded "
+                  "machine the restart (imports, init) outlasts the steps left; try --steps 400")
+            continue
         print(f"Group {recovery['ReplicaGroup']} down {recovery['DownSeconds']} s (back "
               f"{(recovery.get('RejoinedAt') or killed_at) - killed_at:.1f} s after the kill, "
               f"healed in {recovery.get('HealSeconds')} s), group 0 stepped "
