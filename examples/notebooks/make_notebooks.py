@@ -20,12 +20,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from notebook_cells import QUICKSTART, RESUME
 from notebook_cells_cloud import PLANNING, SAGEMAKER
 from notebook_cells_pipeline import PIPELINE
+from notebook_cells_sagemaker_v3 import SAGEMAKER_V3
 from notebook_cells_stop import STOP
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOKS = {"quickstart": QUICKSTART, "planning": PLANNING, "sagemaker": SAGEMAKER,
              "resume_other_layout": RESUME, "stop_and_resume": STOP,
-             "llama_pipeline": PIPELINE}
+             "llama_pipeline": PIPELINE, "sagemaker_v3": SAGEMAKER_V3}
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 

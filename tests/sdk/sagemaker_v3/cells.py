@@ -126,7 +126,7 @@ trainer = ModelTrainer(
     output_data_config=OutputDataConfig(s3_output_path=f"s3://{DATA_BUCKET}/out",
                                         kms_key_id="ok", compression_type="NONE"),
     training_image_config=TrainingImageConfig(training_repository_access_mode="Vpc"),
-    tags=[Tag(key="team", value="nlp"), Tag(key="empty", value="")],
+    tags=[Tag(key="team", value="nlp"), Tag(key="owner", value="ml-platform")],
     hyperparameters=HYPERPARAMETERS_FILE,
 ).with_retry_strategy(RetryStrategy(maximum_retry_attempts=2)).with_metric_definitions(
     [MetricDefinition(name="train:loss", regex="loss=([0-9.]+)")]

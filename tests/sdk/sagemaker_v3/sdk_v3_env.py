@@ -2,8 +2,9 @@
 
 SDK v3 cannot share the test environment with SDK v2 (the `dev` extra pins 2.257.7, which needs
 sagemaker-core < 2), so it gets its own venv under ~/.cache/meshtrain-tests, built once from
-the package registry by the first test that needs it (minutes: the SDK pulls in mlflow, pandas,
-scipy) and reused by later runs, as the SageMaker training toolkit's environment is
+the package registry by the first test that needs it (the SDK pulls in mlflow, pandas and scipy;
+sdk_v3_constraints.txt pins a working resolution, so pip does not backtrack for minutes) and
+reused by later runs, as the SageMaker training toolkit's environment is
 (tests/sdk/backends/sagemaker/test_sagemaker_toolkit_image.py). A file lock lets test files on
 several xdist workers wait for one build. When the build fails the tier cannot run: a skip with
 pip's output on a developer's machine, a failure under CI=true (tests/ci_guards.py).
@@ -22,6 +23,8 @@ from ci_guards import missing_component
 SDK_VERSION = "3.27.0"
 SDK_REQUIREMENT = f"sagemaker=={SDK_VERSION}"
 SDK_DIR = Path.home() / ".cache" / "meshtrain-tests" / f"sagemaker-sdk-{SDK_VERSION}"
+CONSTRAINTS = Path(__file__).resolve().parent / "sdk_v3_constraints.txt"
+"""The versions of a working resolution, so that pip does not backtrack for minutes."""
 BUILD_TIMEOUT = 1800
 PROBE = ("import sagemaker.train.model_trainer, sagemaker.train.distributed, "
          "sagemaker.core.training.configs; import importlib.metadata as m; "
@@ -53,8 +56,8 @@ def _run(command: list[str], what: str) -> str:
 def _build(python: Path) -> None:
     (SDK_DIR / "ready").unlink(missing_ok=True)
     _run([sys.executable, "-m", "venv", "--clear", str(SDK_DIR)], "creating the venv")
-    _run([str(python), "-m", "pip", "install", "--quiet", SDK_REQUIREMENT],
-         f"pip install {SDK_REQUIREMENT}")
+    _run([str(python), "-m", "pip", "install", "--quiet", "-c", str(CONSTRAINTS),
+          SDK_REQUIREMENT], f"pip install {SDK_REQUIREMENT}")
     version = _run([str(python), "-c", PROBE], "importing the SDK").strip()
     if version != SDK_VERSION:
         missing_component(f"SageMaker SDK v3 environment: installed sagemaker {version}, "

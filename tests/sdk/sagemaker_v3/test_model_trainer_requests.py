@@ -26,8 +26,16 @@ JOB = "<job>"
 pytestmark = pytest.mark.multiprocess  # the SDK runs in a process (and environment) of its own
 
 
+def s3_client(endpoint: str | None) -> object:
+    """S3 of the environment (`aws`), or of moto at `endpoint` with moto's test credentials."""
+    if endpoint is None:
+        return boto3.client("s3")
+    return boto3.client("s3", region_name=REGION, endpoint_url=endpoint,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
 def create_buckets(endpoint: str | None = None) -> None:
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint)
+    s3 = s3_client(endpoint)
     s3.create_bucket(Bucket=DATA_BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
 
 
@@ -38,7 +46,7 @@ def normalised(request: dict) -> dict:
 
 def uploaded_keys(job_name: str, endpoint: str | None = None) -> list[str]:
     """Keys uploaded for `job_name`'s code and local channels (not its drivers), normalised."""
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint)
+    s3 = s3_client(endpoint)
     keys = []
     for bucket in (DEFAULT_BUCKET, DATA_BUCKET):
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)

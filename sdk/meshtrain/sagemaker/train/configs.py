@@ -13,11 +13,12 @@ with the same defaults; a value the SDK's pydantic would refuse is a `meshtrain.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any as _Any
 
-from pydantic import model_validator
+from pydantic import model_validator as _model_validator
 
-from meshtrain.sagemaker.train._base import BaseConfig
+from meshtrain.sagemaker.train import shapes as _shapes
+from meshtrain.sagemaker.train._base import BaseConfig, to_request
 from meshtrain.sagemaker.train.shapes import (
     Channel,
     DatasetSource,
@@ -26,8 +27,6 @@ from meshtrain.sagemaker.train.shapes import (
     HubAccessConfig,
     InfraCheckConfig,
     InstanceGroup,
-    InstancePlacementConfig,
-    InstancePreference,
     MetricDefinition,
     ModelAccessConfig,
     RemoteDebugConfig,
@@ -98,23 +97,21 @@ class Compute(BaseConfig):
     keep_alive_period_in_seconds: int | None = None
     instance_groups: list[InstanceGroup] | None = None
     training_plan_arn: str | None = None
-    instance_placement_config: InstancePlacementConfig | None = None
-    instance_preferences: list[InstancePreference] | None = None
+    instance_placement_config: _shapes.InstancePlacementConfig | None = None
+    instance_preferences: list[_shapes.InstancePreference] | None = None
     selected_instance_type: str | None = None
     selected_instance_count: int | None = None
     enable_managed_spot_training: bool | None = None
 
-    @model_validator(mode="after")
+    @_model_validator(mode="after")
     def _check_preferences(self) -> Compute:
         check_instance_preferences(self)
         return self
 
-    def resource_config(self) -> dict[str, Any]:
+    def resource_config(self) -> dict[str, _Any]:
         """ResourceConfig as the SDK sends it (spot training is a field of the request)."""
         fields = {name: getattr(self, name) for name in type(self).model_fields
                   if name != "enable_managed_spot_training"}
-        from meshtrain.sagemaker.train._base import to_request
-
         return to_request(_Resources(**{k: v for k, v in fields.items() if v is not None}))
 
 
@@ -128,14 +125,10 @@ class _Resources(BaseConfig):
     keep_alive_period_in_seconds: int | None = None
     instance_groups: list[InstanceGroup] | None = None
     training_plan_arn: str | None = None
-    instance_placement_config: InstancePlacementConfig | None = None
-    instance_preferences: list[InstancePreference] | None = None
+    instance_placement_config: _shapes.InstancePlacementConfig | None = None
+    instance_preferences: list[_shapes.InstancePreference] | None = None
     selected_instance_type: str | None = None
     selected_instance_count: int | None = None
-
-
-TrainingJobCompute = Compute
-"""The SDK's backward-compatible alias."""
 
 
 def check_instance_preferences(compute: Compute) -> None:
@@ -186,7 +179,7 @@ class Networking(BaseConfig):
     enable_network_isolation: bool | None = None
     enable_inter_container_traffic_encryption: bool | None = None
 
-    def vpc_config(self) -> dict[str, Any] | None:
+    def vpc_config(self) -> dict[str, _Any] | None:
         """VpcConfig as the SDK sends it (None without subnets or security groups)."""
         vpc = {"SecurityGroupIds": self.security_group_ids, "Subnets": self.subnets}
         vpc = {key: value for key, value in vpc.items() if value}
