@@ -168,7 +168,7 @@ def model_trainer_spec(trainer: ModelTrainer) -> ModelTrainerSpec:
         base_job_name=str(trainer.base_job_name),
         input_s3_key_prefix=trainer.input_s3_key_prefix,
         source_code=trainer.source_code.model_dump(),
-        distributed=distributed.model_dump() if distributed else {},
+        distributed=distributed.driver_config() if distributed else {},
         mp_parameters=smp._to_mp_hyperparameters()["mp_parameters"] if smp else None,
         request=_optional_request_fields(trainer), algorithm=algorithm,
         resources=trainer.compute.resource_config(),

@@ -205,6 +205,8 @@ class OutputDataConfig(BaseConfig):
 
 
 class TensorBoardOutputConfig(BaseConfig):
+    """TensorBoard event files (`local_path` in the container) synced to `s3_output_path`."""
+
     s3_output_path: str | None = None
     local_path: str | None = "/opt/ml/output/tensorboard"
 

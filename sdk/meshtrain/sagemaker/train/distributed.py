@@ -71,6 +71,15 @@ class DistributedConfig(BaseConfig):
 
     process_count_per_node: int | None = None
 
+    def driver_config(self) -> dict[str, Any]:
+        """The launcher as the SDK's distributed.json holds it (SM_DISTRIBUTED_CONFIG): every
+        field, SMP's nine included when unset; meshtrain's SMP parameters only when set."""
+        config = self.model_dump()
+        if isinstance(config.get("smp"), dict):
+            config["smp"] = {key: value for key, value in config["smp"].items()
+                             if key in _SMPv2.model_fields or value is not None}
+        return config
+
     def distribution(self) -> dict[str, Any]:
         """meshtrain's `distribution` dict for this launcher (torchrun on every host)."""
         torch_distributed: dict[str, Any] = {"enabled": True}

@@ -31,10 +31,14 @@ class ShuffleConfig(BaseConfig):
 
 
 class HubAccessConfig(BaseConfig):
+    """A SageMaker Hub content ARN a channel reads from."""
+
     hub_content_arn: str
 
 
 class ModelAccessConfig(BaseConfig):
+    """Accept a model's end-user license agreement for a channel."""
+
     accept_eula: bool
 
 
@@ -60,6 +64,8 @@ class FileSystemDataSource(BaseConfig):
 
 
 class DatasetSource(BaseConfig):
+    """A channel's data from a SageMaker dataset (refused by meshtrain's channel checks)."""
+
     dataset_arn: str
 
 
@@ -84,6 +90,8 @@ class Channel(BaseConfig):
 
 
 class TrainingRepositoryAuthConfig(BaseConfig):
+    """The Lambda that gives SageMaker credentials for a private registry."""
+
     training_repository_credentials_provider_arn: str
 
 
@@ -95,39 +103,55 @@ class TrainingImageConfig(BaseConfig):
 
 
 class Tag(BaseConfig):
+    """A key/value tag of the training job."""
+
     key: str
     value: str
 
 
 class InfraCheckConfig(BaseConfig):
+    """Check the instances before the job starts."""
+
     enable_infra_check: bool | None = None
 
 
 class RemoteDebugConfig(BaseConfig):
+    """Allow SSM access into the training container."""
+
     enable_remote_debug: bool | None = None
 
 
 class SessionChainingConfig(BaseConfig):
+    """Chain session tags into the job's role session."""
+
     enable_session_tag_chaining: bool | None = None
 
 
 class InstanceGroup(BaseConfig):
+    """A group of a heterogeneous cluster (refused by meshtrain: one cluster per job)."""
+
     instance_type: str
     instance_count: int
     instance_group_name: str
 
 
 class PlacementSpecification(BaseConfig):
+    """Instances of an UltraServer placement."""
+
     instance_count: int
     ultra_server_id: str | None = None
 
 
 class InstancePlacementConfig(BaseConfig):
+    """Where SageMaker places the instances."""
+
     enable_multiple_jobs: bool | None = None
     placement_specifications: list[PlacementSpecification] | None = None
 
 
 class InstancePreference(BaseConfig):
+    """A candidate instance type (refused by meshtrain: one instance type per job)."""
+
     instance_type: str
     instance_count: int | None = None
     training_plan_arns: list[str] | None = None
@@ -141,5 +165,7 @@ class MetricDefinition(BaseConfig):
 
 
 class ModelPackageConfig(BaseConfig):
+    """The model package group a job registers its model in."""
+
     model_package_group_arn: str
     source_model_package_arn: str | None = None
