@@ -45,6 +45,7 @@ RUNNERS = {
     "notebooks/quickstart": _NB + "test_quickstart_notebook",
     "notebooks/resume_other_layout": _NB + "test_resume_notebook",
     "notebooks/sagemaker": _NB + "test_sagemaker_notebook_against_moto",
+    "notebooks/sagemaker_v3": _NB + "test_sagemaker_v3_notebook_against_moto",
     "notebooks/stop_and_resume": _NB + "test_stop_and_resume_notebook",
 }
 

@@ -24,10 +24,10 @@ from meshtrain.backends.sagemaker.metrics import metric_definitions
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "examples" / "notebooks"
 NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout", "stop_and_resume",
-         "llama_pipeline", "fault_tolerance"]
+         "llama_pipeline", "fault_tolerance", "sagemaker_v3"]
 # how many plots each notebook draws (one per figure)
 PLOTS = {"quickstart": 1, "planning": 3, "sagemaker": 1, "resume_other_layout": 1,
-         "stop_and_resume": 1, "llama_pipeline": 2, "fault_tolerance": 1}
+         "stop_and_resume": 1, "llama_pipeline": 2, "fault_tolerance": 1, "sagemaker_v3": 1}
 
 
 @pytest.fixture
@@ -109,6 +109,20 @@ def test_sagemaker_notebook_against_moto(aws, home, monkeypatch):
     sent = request["AlgorithmSpecification"]["MetricDefinitions"]
     assert [d for d in sent if d["Name"] == "train:loss"] == metric_definitions("train:loss")
     assert request["HyperParameters"]["mp_parameters"] == '{"hybrid_shard_degree": 4}'
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_sagemaker_v3_notebook_against_moto(aws, home, monkeypatch):
+    """SDK v3 ModelTrainer cells under meshtrain's import line: a real local job, then the
+    SageMaker request moto received (SDK v3's shape, meshtrain's drivers)."""
+    monkeypatch.setenv("MESHTRAIN_IMAGE_URI", "meshtrain:latest")
+    monkeypatch.setenv("SAGEMAKER_ROLE", ROLE)
+    check_ran(execute("sagemaker_v3"), "sagemaker_v3")
+    (request,) = [r.json() for r in aws.find("SageMaker.CreateTrainingJob")]
+    assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["/bin/bash"]
+    assert request["OutputDataConfig"]["S3OutputPath"].endswith("/meshtrain-v3-notebook")
+    assert len(list((home / "jobs").iterdir())) == 1  # the local try-out
 
 
 @pytest.mark.e2e

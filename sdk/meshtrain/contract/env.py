@@ -38,6 +38,9 @@ SM_CHECKPOINT_DIR = "SM_CHECKPOINT_DIR"  # meshtrain addition: CheckpointConfig.
 SM_MASTER_ADDR = "SM_MASTER_ADDR"
 SM_MASTER_PORT = "SM_MASTER_PORT"
 SM_HP_MP_PARAMETERS = "SM_HP_MP_PARAMETERS"
+SM_SOURCE_DIR = "SM_SOURCE_DIR"  # SDK v3 (ModelTrainer) drivers: the code's folder
+SM_ENTRY_SCRIPT = "SM_ENTRY_SCRIPT"  # SDK v3: SourceCode.entry_script
+SM_DISTRIBUTED_CONFIG = "SM_DISTRIBUTED_CONFIG"  # SDK v3: the launcher's distributed.json
 TRAINING_JOB_NAME = "TRAINING_JOB_NAME"
 
 # meshtrain's own variables (set by backends, read by the runtime)
