@@ -17,16 +17,13 @@ import os
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from meshtrain.backends.sagemaker.request import RequestContext
 from meshtrain.backends.sagemaker.shipping import RUNTIME_REQUIREMENTS, stage_runtime
 from meshtrain.contract import model_trainer as mt
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.contract.paths import DEFAULT_BASE_DIR, OptMLPaths
-
-if TYPE_CHECKING:
-    from meshtrain.backends.sagemaker.backend import SageMakerBackend
 
 CODE_DIRECTORY = str(OptMLPaths(Path(DEFAULT_BASE_DIR)).channel_dir(mt.CODE_CHANNEL))
 RUNTIME_ARCHIVE = "meshtrain-runtime.tar.gz"
@@ -75,11 +72,21 @@ def _files(path: Path, ignore: list[str]) -> list[tuple[Path, str]]:
     return found
 
 
+class StagingBackend(Protocol):
+    """What staging needs of the SageMaker backend (which imports this module)."""
+
+    options: Any
+
+    def account_id(self) -> str: ...
+
+    def client(self, service: str) -> Any: ...
+
+
 class Staging:
     """Where a job's local files go in S3 (the SDK's `_resolve_staging_bucket`), and the
     uploads themselves (its `upload_data`)."""
 
-    def __init__(self, backend: SageMakerBackend, spec: JobSpec, role_arn: str,
+    def __init__(self, backend: StagingBackend, spec: JobSpec, role_arn: str,
                  default_bucket: str, output_path: str) -> None:
         self.backend, self.spec, self.role_arn = backend, spec, role_arn
         self.bucket, self.prefix = default_bucket, None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
@@ -20,10 +20,12 @@ from meshtrain.estimator import Estimator
 from meshtrain.sagemaker.train._base import to_request
 from meshtrain.sagemaker.train.configs import Channel, InputData, S3DataSource
 from meshtrain.sagemaker.train.distributed import Torchrun
+from meshtrain.sagemaker.train.mode import Mode
 from meshtrain.targets import model_trainer_instance_type, target_kind
 
-if TYPE_CHECKING:
-    from meshtrain.sagemaker.train.model_trainer import ModelTrainer
+# A `ModelTrainer`: model_trainer.py imports this module, so the type is not named here (no
+# import cycle, even for type checkers).
+ModelTrainer = Any
 
 DEFAULT_INSTANCE_COUNT = 1
 DEFAULT_VOLUME_SIZE = 30
@@ -96,8 +98,6 @@ def estimator_inputs(channels: list[Any]) -> dict[str, Any]:
 
 
 def target_instance_type(trainer: ModelTrainer) -> str:
-    from meshtrain.sagemaker.train.model_trainer import Mode
-
     return model_trainer_instance_type(trainer.compute.instance_type,
                                        trainer.training_mode == Mode.LOCAL_CONTAINER)
 

@@ -18,7 +18,6 @@ local Docker backend. docs/sagemaker-v3.md lists what differs.
 from __future__ import annotations
 
 import os
-from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -47,15 +46,8 @@ from meshtrain.sagemaker.train.configs import (
     TrainingImageConfig,
 )
 from meshtrain.sagemaker.train.distributed import MPI, Torchrun
+from meshtrain.sagemaker.train.mode import Mode
 from meshtrain.sagemaker.train.shapes import ModelPackageConfig
-
-
-class Mode(Enum):
-    """Where `train()` runs the job: SageMaker (or the target `compute` names), or local
-    containers (meshtrain's local Docker backend)."""
-
-    LOCAL_CONTAINER = "LOCAL_CONTAINER"
-    SAGEMAKER_TRAINING_JOB = "SAGEMAKER_TRAINING_JOB"
 
 
 class ModelTrainer(BaseModel):
