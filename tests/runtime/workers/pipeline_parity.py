@@ -70,6 +70,22 @@ def build(name: str) -> nn.Module:
                                             num_experts_per_tok=2))
 
 
+LLAMA_TP_PLAN = {f"model.layers.*.{path}": style for path, style in (
+    ("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"),
+    ("self_attn.v_proj", "colwise"), ("self_attn.o_proj", "rowwise"),
+    ("mlp.gate_proj", "colwise"), ("mlp.up_proj", "colwise"), ("mlp.down_proj", "rowwise"))}
+
+
+def tp_plan(name: str, degree: int) -> dict[str, str] | None:
+    """The plain module's plan; Llama's own (config.base_model_tp_plan) where transformers
+    declares one (not 4.46: then the same plan, given)."""
+    if degree == 1:
+        return None
+    if name == "gpt":
+        return GPT_TP_PLAN
+    return None if getattr(LlamaConfig(), "base_model_tp_plan", None) else LLAMA_TP_PLAN
+
+
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -100,9 +116,8 @@ def run_layout(layout: str, name: str) -> None:
     params = {"pipeline_parallel_degree": 2, **LAYOUTS[layout][0]}
     mr.init(params)
     st = mr.state
-    plain_tp = name == "gpt" and st.tensor_parallel_degree > 1
     try:
-        model = mr.transform(build(name), tp_plan=GPT_TP_PLAN if plain_tp else None)
+        model = mr.transform(build(name), tp_plan=tp_plan(name, st.tensor_parallel_degree))
     except ConfigError as error:  # a refusal fails this case's test, not the whole launch
         report({"case": "layout", "layout": layout, "model": name, "error": str(error)})
         mr.reset()
