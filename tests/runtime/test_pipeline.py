@@ -92,8 +92,11 @@ HF_MODELS = {
 }
 
 
-@pytest.mark.parametrize("layout", [(2, "1F1B", 1), (4, "1F1B", 1), (2, "ZBVZeroBubble", 2)])
-@pytest.mark.parametrize("name", sorted(HF_MODELS))
+HF_CASES = [(name, (2, "1F1B", 1)) for name in sorted(HF_MODELS)] + [
+    ("llama", (4, "1F1B", 1)), ("llama", (2, "ZBVZeroBubble", 2))]
+
+
+@pytest.mark.parametrize(("name", "layout"), HF_CASES)
 def test_hf_stages_in_turn_are_the_unsplit_model(name: str, layout: tuple) -> None:
     """Each stage runs the model's own forward (inputs_embeds after the first) on its blocks:
     in turn they give the unsplit model's logits, sliding windows and MoE included, and the
@@ -145,9 +148,13 @@ def test_hf_models_the_stages_cannot_reproduce_are_refused(build, quoted: str) -
         plan_pipeline(model, find_blocks(model), params=_params())
 
 
-@pytest.mark.parametrize("layout", [(2, "1F1B", 1, None), (4, "1F1B", 1, None),
-                                    (2, "Interleaved1F1B", 2, None), (2, "1F1B", 1, [3])])
-@pytest.mark.parametrize("name", ["gpt", "nanogpt"])
+PLAIN_CASES = [("gpt", layout) for layout in ((2, "1F1B", 1, None), (4, "1F1B", 1, None),
+                                             (2, "Interleaved1F1B", 2, None),
+                                             (2, "1F1B", 1, [3]))] + [
+    ("nanogpt", (2, "1F1B", 1, None)), ("nanogpt", (4, "1F1B", 1, None))]
+
+
+@pytest.mark.parametrize(("name", "layout"), PLAIN_CASES)
 def test_plain_stages_in_turn_are_the_unsplit_model(name: str, layout: tuple) -> None:
     """The traced forward cut at the blocks: positions read from a weight, masks built from
     the input's shape, a residual around the block list, code between blocks, nested module
