@@ -117,7 +117,7 @@ class GraphStage(PipelineStageModule):
 
 
 def _classify(model: nn.Module, traced: TracedForward, blocks: set[str]) -> dict[fx.Node, str]:
-    params = {name for name, _ in model.named_parameters()}
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     kinds: dict[fx.Node, str] = {}
     for node in traced.graph.nodes:
         inherited = max((kinds[a] for a in node.all_input_nodes), key=_KIND.get, default="input")

@@ -186,8 +186,8 @@ def _is_metadata_read(node: fx.Node) -> bool:
 def _take_constants(model: nn.Module, graph: fx.Graph) -> dict[str, torch.Tensor]:
     """Tensors the forward created while traced: the tracer stores them on the model as
     ``_tensor_constant<i>``; keep them here and leave the user's model as it was."""
-    known = {name for name, _ in model.named_parameters()}
-    known |= {name for name, _ in model.named_buffers()}
+    known = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    known |= {name for name, _ in model.named_buffers(remove_duplicate=False)}
     constants: dict[str, torch.Tensor] = {}
     for node in graph.nodes:
         if node.op == "get_attr" and node.target not in known and "." not in node.target:
