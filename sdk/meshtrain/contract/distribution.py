@@ -21,7 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import DEFAULT_REPLICA_GROUP_RESTARTS, FaultTolerance
-from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES, check_pipeline
+from meshtrain.contract.pipeline_checks import (
+    SINGLE_STAGE_SCHEDULES,
+    check_pipeline,
+    default_microbatches,
+)
 
 ShardingStrategy = Literal[
     "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"
@@ -78,7 +82,8 @@ class SMPParameters(_Strict):
     group are resolved within each stage's world / pp ranks (docs/pipeline-parallel.md)."""
     microbatches: int = Field(1, ge=1)
     """Microbatches per step: the pipeline schedule's; without pipelining, gradient
-    accumulation in ``forward_backward``."""
+    accumulation in ``forward_backward``. Unset: the number of pipeline stages
+    (``pipeline_parallel_degree x stages_per_rank``, what every schedule accepts), else 1."""
     pipeline_schedule: PipelineSchedule = "1F1B"
     """torch.distributed.pipelining's schedule, named without "Schedule"."""
     pipeline_stages_per_rank: int | None = Field(None, ge=1)
@@ -94,6 +99,16 @@ class SMPParameters(_Strict):
     torch_sagemaker_alias: bool = True
     """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
     docs/smp-compat.md); False leaves the name unresolved."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_microbatches(cls, data: Any) -> Any:
+        """Unset microbatches follow the pipeline: what the chosen schedule needs."""
+        if isinstance(data, dict) and data.get("microbatches") is None:
+            chosen = default_microbatches(data)
+            if chosen is not None:
+                return {**data, "microbatches": chosen}
+        return data
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
