@@ -60,7 +60,7 @@ def config_error_from(
         else:
             msg = item["msg"].removeprefix("Value error, ")
             given = "" if item["type"] == "value_error" else f" (got {_short(item.get('input'))})"
-            lines.append(f"{where}: {msg}{given}.")
+            lines.append(_sentence(f"{where}: {msg}{given}"))
     return ConfigError("Invalid distribution: " + " ".join(lines))
 
 
@@ -84,6 +84,11 @@ def arguments_error_from(error: ValidationError, *, what: str) -> ConfigError:
         lines.append(f"{where}: {msg} (got {_short(item.get('input'))}).")
     return ConfigError(f"Invalid {what} argument(s): " + " ".join(lines)
                        + " Pass the type shown in the argument's documentation.")
+
+
+def _sentence(text: str) -> str:
+    """`text` ending in exactly one period (a message may already end with its own)."""
+    return text if text.endswith((".", "?", "!")) else f"{text}."
 
 
 def _short(value: object, limit: int = 80) -> str:

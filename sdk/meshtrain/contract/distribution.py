@@ -20,8 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import FaultTolerance
-from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES, check_pipeline
+from meshtrain.contract.fault_tolerance import DEFAULT_REPLICA_GROUP_RESTARTS, FaultTolerance
+from meshtrain.contract.pipeline_checks import (
+    SINGLE_STAGE_SCHEDULES,
+    check_pipeline,
+    default_microbatches,
+)
 
 ShardingStrategy = Literal[
     "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"
@@ -78,7 +82,8 @@ class SMPParameters(_Strict):
     group are resolved within each stage's world / pp ranks (docs/pipeline-parallel.md)."""
     microbatches: int = Field(1, ge=1)
     """Microbatches per step: the pipeline schedule's; without pipelining, gradient
-    accumulation in ``forward_backward``."""
+    accumulation in ``forward_backward``. Unset: the number of pipeline stages
+    (``pipeline_parallel_degree x stages_per_rank``, what every schedule accepts), else 1."""
     pipeline_schedule: PipelineSchedule = "1F1B"
     """torch.distributed.pipelining's schedule, named without "Schedule"."""
     pipeline_stages_per_rank: int | None = Field(None, ge=1)
@@ -94,6 +99,16 @@ class SMPParameters(_Strict):
     torch_sagemaker_alias: bool = True
     """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
     docs/smp-compat.md); False leaves the name unresolved."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_microbatches(cls, data: Any) -> Any:
+        """Unset microbatches follow the pipeline: what the chosen schedule needs."""
+        if isinstance(data, dict) and data.get("microbatches") is None:
+            chosen = default_microbatches(data)
+            if chosen is not None:
+                return {**data, "microbatches": chosen}
+        return data
 
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
@@ -194,7 +209,9 @@ class TorchDistributed(_Strict):
     max_restarts: int = Field(0, ge=0)
     """meshtrain extension: times every host of a job is restarted after a failure (a new
     rendezvous, the same job, the same /opt/ml). Honoured by local jobs (the supervisor) and
-    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value."""
+    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value. With
+    ``fault_tolerance`` it counts per replica group and defaults to
+    ``DEFAULT_REPLICA_GROUP_RESTARTS`` (docs/fault-tolerance.md)."""
     stop_grace_seconds: int = Field(120, ge=0)
     """meshtrain extension: on a stop (stop(), Ctrl-C, max_run, SIGTERM to a host) the ranks get
     SIGTERM and this long to save and exit before SIGKILL (SageMaker's figure, 120 s). Local
@@ -206,7 +223,17 @@ class TorchDistributed(_Strict):
     fault_tolerance: FaultTolerance | None = None
     """meshtrain extension: replica groups that fail alone and heal from a live peer
     (docs/fault-tolerance.md); checked against the cluster by
-    ``meshtrain.contract.fault_tolerance.check_fault_tolerance``."""
+    ``meshtrain.contract.fault_tolerance_checks.check_fault_tolerance``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replica_groups_restart_by_default(cls, data: Any) -> Any:
+        """A fault-tolerant job without max_restarts gets a restart budget per group: a failed
+        group then comes back by itself (the others never wait for it)."""
+        if (isinstance(data, dict) and data.get("fault_tolerance") is not None
+                and "max_restarts" not in data):
+            return {**data, "max_restarts": DEFAULT_REPLICA_GROUP_RESTARTS}
+        return data
 
 
 class ModelParallel(_Strict):
@@ -270,8 +297,10 @@ class DistributionConfig(_Strict):
     def to_dict(self) -> dict[str, Any]:
         """The distribution dict this config was built from (SMP parameters as given, defaults
         left out): what `from_dict` reads back to an equal config, and what JSON carries."""
-        out: dict[str, Any] = {"torch_distributed": self.torch_distributed.model_dump(
-            exclude_defaults=True)}
+        torch_distributed = self.torch_distributed.model_dump(exclude_defaults=True)
+        if self.torch_distributed.fault_tolerance is not None:  # its default depends on it
+            torch_distributed["max_restarts"] = self.torch_distributed.max_restarts
+        out: dict[str, Any] = {"torch_distributed": torch_distributed}
         if self.smdistributed is not None:
             smd: dict[str, Any] = {}
             mp = self.smdistributed.modelparallel
