@@ -9,6 +9,7 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``clip_grad_norm_(model, max_norm)``, ``grad_scaler()`` — meshtrain_runtime.grad
 - ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
 - ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
+  (a package: sharded save/load, RNG states, export)
 - ``stop_requested()`` — meshtrain_runtime.stopping (a stop every rank agrees on)
 - ``global_mean(loss)`` — meshtrain_runtime.metrics (a loss averaged over every rank)
 - ``forward_backward(model, inputs, targets, loss_fn=fn)`` — meshtrain_runtime.step (one

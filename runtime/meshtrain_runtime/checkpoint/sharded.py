@@ -46,14 +46,14 @@ from torch.distributed.checkpoint.state_dict import (
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
-from meshtrain_runtime.checkpoint_base import (
+from meshtrain_runtime.checkpoint.base import (
     PathLike,
     barrier,
     check_local_path,
     rank,
     world_size,
 )
-from meshtrain_runtime.checkpoint_rng import restore_rng_states, save_rng_states
+from meshtrain_runtime.checkpoint.rng import restore_rng_states, save_rng_states
 from meshtrain_runtime.parallel.pipeline import PipelineModule
 
 MARKER_NAME = "meshtrain-checkpoint.json"
@@ -96,7 +96,7 @@ def save_checkpoint(
       ``step_<n>`` directories under `path` (and interrupted ones older than this step).
 
     A model with a Hugging Face ``config`` gets its ``config.json`` beside the files, so that
-    ``meshtrain export CHECKPOINT --hf OUT`` (``meshtrain_runtime.export.export_to_hf``)
+    ``meshtrain export CHECKPOINT --hf OUT`` (``meshtrain_runtime.checkpoint.export.export_to_hf``)
     needs nothing else. Returns the directory written (sync), or the pending save. Saving again
     into a completed directory first removes its marker, so a crash mid-save never leaves an old
     marker over new, partial files.
@@ -380,12 +380,3 @@ __all__ = [
     "wait_for_pending_save",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # export_full_state_dict lives in checkpoint_export (it needs torch's full-state-dict
-    # machinery, loaded on first use); it stays importable from here, where the docs put it.
-    if name == "export_full_state_dict":
-        from meshtrain_runtime.checkpoint_export import export_full_state_dict
-
-        return export_full_state_dict
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
