@@ -80,6 +80,7 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     async_: bool = False,
     keep_last: int | None = None,
+    loader: Any = None,
 ) -> Path | PendingCheckpoint:
     """Save `model` (and `optimizer`) as a sharded DCP checkpoint; call on every rank.
 
@@ -94,6 +95,9 @@ def save_checkpoint(
       an earlier one to finish.
     - `keep_last`: once this save completes, delete all but the newest `keep_last` completed
       ``step_<n>`` directories under `path` (and interrupted ones older than this step).
+    - `loader`: a ``meshtrain_runtime.data.loader``; its position (global, the same on every
+      rank) is stored in the marker, and ``load_checkpoint(..., loader=...)`` continues from it
+      on any layout.
 
     A model with a Hugging Face ``config`` gets its ``config.json`` beside the files, so that
     ``meshtrain export CHECKPOINT --hf OUT`` (``meshtrain_runtime.checkpoint.export.export_to_hf``)
@@ -104,6 +108,8 @@ def save_checkpoint(
     wait_for_pending_save()
     target = _resolve_save_dir(path, step)
     record = marker_record(step, extra, optimizer is not None)
+    if loader is not None:
+        record["loader"] = loader.state_dict()
     flat = isinstance(model, PipelineModule)  # see _training_state
     if flat:
         record["flat_optimizer"] = True
@@ -217,12 +223,17 @@ def load_checkpoint(
     path: PathLike | None,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loader: Any = None,
 ) -> dict[str, Any]:
-    """Load a checkpoint into `model` (and `optimizer`) on any layout; call on every rank.
+    """Load a checkpoint into `model` (and `optimizer`, `loader`) on any layout; every rank.
 
     `path` is a directory `save_checkpoint` completed, or a root of step directories (the latest
     completed one is loaded); None = `default_checkpoint_dir()`. Transform the model and create
     the optimizer first: the checkpoint fills their (sharded) tensors in place.
+    `loader` (a ``meshtrain_runtime.data.loader`` of the same data) continues from the saved
+    position, so its next batch is the one the uninterrupted run reads; it is checked first,
+    so a changed source, tokenizer or seq_len is a ConfigError before any tensor is read.
     Returns ``{"step": int | None, "extra": dict, "path": str, "rng_restored": bool}``: each
     rank's RNG states come back when the world size is the one that saved. An asynchronous save
     still in flight is finished first.
@@ -237,6 +248,8 @@ def load_checkpoint(
             "optimizer state to load. Load the model only (optimizer=None) or save with the "
             "optimizer."
         )
+    if loader is not None:
+        _restore_loader(loader, target, record)
     flat = bool(record.get("flat_optimizer"))
     state = _training_state(model, optimizer, flat=flat)
     dcp.load(state, checkpoint_id=str(target))
@@ -274,6 +287,15 @@ def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
 
 
 # --- helpers ---
+
+
+def _restore_loader(loader: Any, target: Path, record: dict[str, Any]) -> None:
+    if "loader" not in record:
+        raise ConfigError(
+            f"{target} was saved without a loader, so load_checkpoint(loader=...) has no "
+            "position to continue from. Save with save_checkpoint(..., loader=loader), or load "
+            "without loader= and choose the rows yourself.")
+    loader.load_state_dict(record["loader"])
 
 
 def _keep_hf_config(model: nn.Module, target: Path) -> None:
