@@ -77,6 +77,14 @@ def test_parquet_arrow_and_an_hf_dataset_read_the_same_text(tmp_path):
     assert stream(tokens) == [[1, 2, 3, 4], [5, 6, 7, 8]]  # seq_len + 1 tokens: rows as they are
 
 
+def test_parquet_without_the_data_extra_names_it(tmp_path, monkeypatch):
+    (tmp_path / "t.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(__import__("sys").modules, "datasets", None)  # import datasets fails
+    with pytest.raises(ConfigError, match=r"\.parquet files are read through Hugging Face "
+                                          r"datasets.*pip install 'meshtrain\[data\]'\.$"):
+        loader(tmp_path / "t.parquet", global_batch_size=1, seq_len=3)
+
+
 def test_an_hf_tokenizer_object_or_directory(tmp_path):
     import_or_skip("transformers")
     tokenizer = word_tokenizer()
@@ -100,6 +108,13 @@ def test_npy_rows_are_samples_as_they_are_and_a_stream_is_cut(tmp_path):
     assert stream(tmp_path / "flat.npy", seq_len=2) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     with pytest.raises(ConfigError, match=r"loader\(\.\.\., seq_len=N\) is required"):
         loader(tmp_path / "flat.npy", global_batch_size=1)
+    (tmp_path / "streams").mkdir()  # two streams laid end to end; their documents unknown
+    np.save(tmp_path / "streams" / "a.npy", np.arange(10, dtype=np.int64))
+    np.save(tmp_path / "streams" / "b.npy", np.arange(100, 105, dtype=np.int64))
+    assert stream(tmp_path / "streams", seq_len=2)[3:] == [[9, 100, 101], [102, 103, 104]]
+    windows = loader(tmp_path / "streams", global_batch_size=1, seq_len=2, shuffle=False,
+                     position_ids=True)
+    assert {tuple(p[0].tolist()) for _, _, p in windows} == {(0, 1)}
     np.save(tmp_path / "floats.npy", np.zeros((2, 3)))
     with pytest.raises(ConfigError, match="integer array"):
         loader(tmp_path / "floats.npy", global_batch_size=1)

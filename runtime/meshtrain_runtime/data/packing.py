@@ -63,16 +63,17 @@ class DocStream:
 
 
 class ChainStream:
-    """Several streams (files) laid end to end; each one starts a document."""
+    """Several streams (files) laid end to end; their documents, when they all know them."""
 
     def __init__(self, parts: Sequence[Any]) -> None:
         self.parts = list(parts)
         totals = [part.total for part in self.parts]
         self.starts = np.concatenate([[0], np.cumsum(totals, dtype=np.int64)[:-1]])
         self.total = int(sum(totals))
+        known = all(part.doc_starts is not None for part in self.parts)
         self.doc_starts = np.concatenate([
-            (part.doc_starts if part.doc_starts is not None else np.zeros(1, np.int64)) + start
-            for part, start in zip(self.parts, self.starts, strict=True)])
+            part.doc_starts + start for part, start in zip(self.parts, self.starts, strict=True)
+        ]) if known else None
 
     def read(self, start: int, stop: int) -> np.ndarray:
         pieces = []
