@@ -216,6 +216,17 @@ def test_bad_arguments_are_config_errors_with_the_fix(rows_file):
         loader(rows_file, global_batch_size=BATCH).load_state_dict({"batches": 3})
 
 
+def test_a_fault_tolerant_job_cannot_follow_a_restored_loader_yet(rows_file, monkeypatch):
+    from meshtrain_runtime import fault
+
+    restored = loader(rows_file, global_batch_size=BATCH)
+    restored.load_state_dict({**restored.state_dict(), "batches": 2, "offset": 2 * BATCH})
+    monkeypatch.setattr(fault, "_session", object())  # a replica group's process
+    with pytest.raises(ConfigError, match=r"count the job's steps from 0 .* Start the "
+                                          r"fault-tolerant job without loading"):
+        next(iter(restored))
+
+
 def test_the_state_is_json_and_names_what_it_holds(rows_file):
     import json
 

@@ -136,6 +136,8 @@ def test_megatron_indexed_dataset(tmp_path):
 def test_map_style_datasets_of_token_sequences(tmp_path):
     fixed = [torch.full((5,), i) for i in range(6)]  # seq_len + 1 tokens each: samples
     assert stream(fixed, seq_len=4)[:2] == [[0] * 5, [1] * 5]
+    tensors = torch.utils.data.TensorDataset(torch.stack(fixed))  # items are (tensor,)
+    assert stream(tensors, seq_len=4) == stream(fixed, seq_len=4)
 
     class Documents(torch.utils.data.Dataset):
         def __len__(self) -> int:

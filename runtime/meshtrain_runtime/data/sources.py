@@ -229,13 +229,16 @@ class DatasetItems:
         item = self.dataset[index]
         if isinstance(item, dict):
             item = item.get(formats.TOKEN_COLUMN, item)
+        elif isinstance(item, tuple) and len(item) == 1:  # a TensorDataset of token ids
+            item = item[0]
         if hasattr(item, "numpy"):
             item = item.detach().cpu().numpy() if hasattr(item, "detach") else item.numpy()
         array = np.asarray(item)
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
             raise ConfigError(f"item {index} of the dataset is not a 1-D sequence of token ids "
                               f"({array.ndim}-D {array.dtype}). A map-style dataset gives the "
-                              "loader token ids (a tensor, array or list, or {'input_ids': ...}).")
+                              "loader token ids (a tensor, array or list, (tensor,) or "
+                              "{'input_ids': ...}).")
         return array
 
 
