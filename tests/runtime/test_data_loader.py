@@ -10,6 +10,7 @@ reading the coordinates from init().
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -221,7 +222,9 @@ def test_a_fault_tolerant_job_cannot_follow_a_restored_loader_yet(rows_file, mon
 
     restored = loader(rows_file, global_batch_size=BATCH)
     restored.load_state_dict({**restored.state_dict(), "batches": 2, "offset": 2 * BATCH})
-    monkeypatch.setattr(fault, "_session", object())  # a replica group's process
+    # a replica group's process, as far as the loader asks: the job's committed step count
+    group = SimpleNamespace(manager=SimpleNamespace(current_step=lambda: 0))
+    monkeypatch.setattr(fault, "_session", group)
     with pytest.raises(ConfigError, match=r"count the job's steps from 0 .* Start the "
                                           r"fault-tolerant job without loading"):
         next(iter(restored))

@@ -169,7 +169,9 @@ class Loader:
         from meshtrain_runtime import fault
 
         batches = self._rank_batches()
-        if fault.session() is not None:
+        # current_step() is None without replica groups (fault.session() is not used: the
+        # package attribute `session` becomes the submodule once fault tolerance has started)
+        if fault.current_step() is not None:
             return self._by_job_step(batches)
         return self._in_order(batches)
 
