@@ -16,7 +16,28 @@ every layout (docs/data.md).
 
 from __future__ import annotations
 
-from meshtrain_runtime.data.loading import Loader, loader
-from meshtrain_runtime.data.sampler import build_sampler, shard_dataset
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshtrain_runtime.data.loading import Loader, loader
+    from meshtrain_runtime.data.sampler import build_sampler, shard_dataset
+
+# loaded on first use: importing the package needs neither numpy (the loader's) nor the samplers
+_LAZY = {"Loader": "meshtrain_runtime.data.loading", "loader": "meshtrain_runtime.data.loading",
+         "build_sampler": "meshtrain_runtime.data.sampler",
+         "shard_dataset": "meshtrain_runtime.data.sampler"}
 
 __all__ = ["Loader", "build_sampler", "loader", "shard_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
