@@ -3,8 +3,10 @@ script with no fault-tolerance code, 2 replica groups, one rank of group 1 SIGKI
 
 One local job (2 hosts x 2 processes, hybrid_shard_degree 2, ``replica_groups: 2``,
 ``max_restarts: 1``) of scripts/ft_loader_train.py on the repository's corpus as its `train`
-channel. Once group 1 has committed a few steps, the test SIGKILLs its rank 1 (found among the
-job's processes); the backend restarts group 1's host, which heals from group 0.
+channel, 2 DataLoader workers per rank (the loader prepares the next steps' batches ahead and
+starts over at the step the job asks for). Once group 1 has committed a few steps, the test
+SIGKILLs its rank 1 (found among the job's processes); the backend restarts group 1's host,
+which heals from group 0.
 ``min_replica_groups: 2``: a step commits only with both groups, so group 0 does not train on
 alone (and cannot finish the run before group 1 is back, however slow its restart on a loaded
 machine); it waits in the next step's quorum (``quorum_timeout_seconds`` 300). The checks read
@@ -97,7 +99,7 @@ def run(tmp_path_factory) -> Run:
     home = tmp_path_factory.mktemp("data_fault_tolerance")
     job = Estimator("ft_loader_train.py", source_dir=str(SCRIPTS), instance_count=2,
                     jobs_dir=str(home / "jobs"), distribution=DISTRIBUTION, max_run=900,
-                    hyperparameters={"steps": STEPS, "delay": DELAY}).fit(
+                    hyperparameters={"steps": STEPS, "delay": DELAY, "num-workers": 2}).fit(
         inputs={"train": str(CORPUS)}, wait=False, job_name="ft-loader")
     try:
         probe = Run(job, 0.0)

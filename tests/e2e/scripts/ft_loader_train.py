@@ -8,7 +8,8 @@ loop at the run's last step.
 For the test's checks each rank writes, into its host's output data dir,
 ``ft-rows-dp<dp_rank>.jsonl`` (one line per batch it was handed: the loader's step, the samples,
 its loss and the time) and, at the end, ``ft-end-dp<dp_rank>.json`` (the loader's step when its loop
-ended). Each step waits --delay seconds (its data loading).
+ended). Each step waits --delay seconds (its data loading); --num-workers DataLoader workers
+prepare the batches ahead.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def main() -> None:
     parser.add_argument("--global-batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--num-workers", type=int, default=0)
     args, _ = parser.parse_known_args()
     state = mr.init()
     loader = mr.data.loader("train", global_batch_size=args.global_batch_size,
-                            seq_len=args.seq_len, steps=args.steps)
+                            seq_len=args.seq_len, steps=args.steps, num_workers=args.num_workers)
     torch.manual_seed(INIT_SEED)
     model = mr.transform(NextByte(loader.vocab_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
