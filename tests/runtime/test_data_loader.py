@@ -217,16 +217,17 @@ def test_bad_arguments_are_config_errors_with_the_fix(rows_file):
         loader(rows_file, global_batch_size=BATCH).load_state_dict({"batches": 3})
 
 
-def test_a_fault_tolerant_job_cannot_follow_a_restored_loader_yet(rows_file, monkeypatch):
+def test_a_job_step_before_a_restored_loader_is_refused(rows_file, monkeypatch):
     from meshtrain_runtime import fault
 
     restored = loader(rows_file, global_batch_size=BATCH)
     restored.load_state_dict({**restored.state_dict(), "batches": 2, "offset": 2 * BATCH})
-    # a replica group's process, as far as the loader asks: the job's committed step count
-    group = SimpleNamespace(manager=SimpleNamespace(current_step=lambda: 0))
+    # a replica group's process, as far as the loader asks: a job at step 0 (not resumed from
+    # the checkpoint the loader was)
+    group = SimpleNamespace(current_step=lambda: 0, step_to_run=lambda: 0)
     monkeypatch.setattr(fault, "_session", group)
-    with pytest.raises(ConfigError, match=r"count the job's steps from 0 .* Start the "
-                                          r"fault-tolerant job without loading"):
+    with pytest.raises(ConfigError, match=r"the job is at step 0, before the 2 global batches "
+                                          r".*loader=loader\)\.$"):
         next(iter(restored))
 
 

@@ -11,7 +11,9 @@ position resumes on any layout.
 With fault-tolerant replica groups (``meshtrain_runtime.fault``) the loader reads the batch of
 the job's step (``fault.step_to_run()``, which also starts the step's quorum and heals a
 restarted group), so a step that did not commit is read again, a restarted group starts at the
-job's step and every group's loop ends at the job's total.
+job's step and every group's loop ends at the job's total. A job resumed from a checkpoint
+counts its steps on from the checkpoint's, where the loader restored from the same checkpoint
+stands.
 """
 
 from __future__ import annotations
@@ -192,16 +194,17 @@ class Loader:
     def _by_job_step(self, batches: RankBatches) -> Iterator[Rows]:
         from meshtrain_runtime import fault
 
-        if self._cursor.batch != 0:
-            raise ConfigError(
-                "fault-tolerant replica groups count the job's steps from 0 (torchft keeps no "
-                "checkpoint), so a loader restored from a checkpoint cannot follow them yet. "
-                "Start the fault-tolerant job without loading the loader's state.")
         reader = _JobStepReader(self, batches)
         while True:
             step = fault.step_to_run()  # this step's quorum; a restarted group heals here
             if step >= len(self):
                 return
+            if step < self._cursor.batch:
+                raise ConfigError(
+                    f"the job is at step {step}, before the {self._cursor.batch} global batches "
+                    "this loader's restored state had consumed. Load the loader from the "
+                    "checkpoint the job resumed from: load_checkpoint(path, model, optimizer, "
+                    "loader=loader).")
             rows = reader.get(step)
             self._consumed = step + 1
             yield rows
