@@ -3,7 +3,9 @@
 tests/runtime/workers/pipeline_parity.py trains a tiny HF Llama and a plain nn.Module with
 ``meshtrain_runtime.forward_backward`` under every layout below (torch's GPipe, 1F1B,
 Interleaved1F1B, LoopedBFS, InterleavedZeroBubble and ZBVZeroBubble at pp2; pp4; pp2 x dp2
-sharded; pp2 x tp2; pp2 + checkpointing; explicit split points) and reports losses and clip
+sharded; pp2 x tp2; pp2 + checkpointing: full and selective under 1F1B, full under
+ZBVZeroBubble's split backward, which recomputes each block twice; explicit split points) and
+reports losses and clip
 norms per step; the tests compare them with a single-process run of the same model, seed and
 global batch. pp2 + compile (1F1B, the HF Llama and the plain module) runs in a second launch.
 """
@@ -22,7 +24,8 @@ NORM = 1e-4  # relative: the whole model's clip norm, summed in another order ov
 WORKER = Path(__file__).parent / "workers" / "pipeline_parity.py"
 LAYOUTS = ["gpipe_pp2", "1f1b_pp2", "interleaved_pp2", "looped_bfs_pp2", "interleaved_zb_pp2",
            "zbv_pp2", "1f1b_pp2_dp2_sharded",
-           "1f1b_pp4", "1f1b_pp2_checkpointing", "1f1b_pp2_tp2", "1f1b_pp2_split_points"]
+           "1f1b_pp4", "1f1b_pp2_checkpointing", "1f1b_pp2_selective", "zbv_pp2_checkpointing",
+           "1f1b_pp2_tp2", "1f1b_pp2_split_points"]
 MODELS = ["llama", "custom"]
 
 
