@@ -16,8 +16,8 @@ stage's ranks for every pipeline-parallel degree dividing the world and the bloc
 (`PipelineOptions`: the schedule and microbatches; meshtrain.plan.pipeline).
 
 Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
-and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,
-closest to fitting first.
+and bandwidths; see `comm.step_time`), then without recomputation before with it, then by peak
+memory; then the layouts that do not fit, closest to fitting first.
 """
 
 from __future__ import annotations
@@ -336,10 +336,13 @@ class Plan:
 
 
 def rank_key(estimate: LayoutEstimate) -> tuple:
-    """Fitting layouts by speed, then memory; layouts that do not fit by memory (closest first)."""
+    """Fitting layouts by speed, then by whether they recompute anything (selective
+    checkpointing's recompute of norms and activations costs time the FLOP count does not
+    show), then memory; layouts that do not fit by memory (closest first)."""
     if estimate.fits is False:
         return (True, estimate.memory.peak_bytes, -estimate.time.tokens_per_s)
-    return (False, -estimate.time.tokens_per_s, estimate.memory.peak_bytes)
+    recomputes = estimate.activations.num_checkpointed + estimate.activations.encoder_checkpointed
+    return (False, -estimate.time.tokens_per_s, recomputes > 0, estimate.memory.peak_bytes)
 
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training,
