@@ -212,11 +212,7 @@ def activation_bytes(
     if model.is_encoder_decoder:
         check_layout(model, tensor_parallel_degree=tensor_parallel_degree,
                      context_parallel_degree=context_parallel_degree)
-        if recompute == "op":
-            raise ConfigError(
-                f"{model.name}: the planner sizes op-level selective checkpointing "
-                "(activation_checkpointing='selective') for decoder-only models. Plan this "
-                "encoder-decoder with activation_checkpointing=True or False.")
+        _check_decoder_only(model, recompute)
         return _encoder_decoder(model, seq_len, decoder_seq_len or seq_len, micro_batch,
                                 ACT_BYTES[precision], recompute == "full" and checkpoint_interval,
                                 offload, loading_horizon)
@@ -240,6 +236,14 @@ def activation_bytes(
         offload=offload and num_ckpt > 0,
         mlp_backward_bytes=_mlp_backward(model, shape),
     )
+
+
+def _check_decoder_only(model: ModelSpec, recompute: str) -> None:
+    if recompute == "op":
+        raise ConfigError(
+            f"{model.name}: the planner sizes op-level selective checkpointing "
+            "(activation_checkpointing='selective') for decoder-only models. Plan this "
+            "encoder-decoder with activation_checkpointing=True or False.")
 
 
 def _encoder_decoder(model: ModelSpec, s_enc: int, s_dec: int, b: int, c: int,
