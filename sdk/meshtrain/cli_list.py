@@ -146,6 +146,7 @@ def remove_jobs(args: argparse.Namespace) -> int:
             known = [job for backend in backends for job in backend.job_names()]
             raise ConfigError(f"{backends[0].not_found(name)} (rm deletes jobs on this machine "
                               f"only).{did_you_mean(name, known)}")
+        owner.attach(name).check_owner("remove")  # another user's job is refused
         if owner.attach(name).status not in TERMINAL_STATUSES:
             raise ConfigError(f"job {name} is still running: stop it first (`meshtrain stop "
                               f"{name}`), then remove it.")

@@ -14,6 +14,7 @@ from meshtrain.channels import check_channel_modes
 from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.hyperparameters import encode_distribution
+from meshtrain.contract.job_environment import check_values_given
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.estimator_checks import (
     check_backend_options,
@@ -156,6 +157,7 @@ class Estimator:
         """The JobSpec `fit()` would submit; validates everything, starts nothing."""
         channels, content_types, configs = check_inputs(inputs)
         check_channel_modes(configs, self.input_mode)
+        check_values_given(self.environment)
         if job_name is not None:
             name = check_job_name(job_name)
         else:

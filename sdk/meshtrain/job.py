@@ -57,6 +57,11 @@ class TrainingJob(abc.ABC):
         """End processes an ended job left behind; how many. Only local jobs can have any."""
         return 0
 
+    def check_owner(self, action: str) -> None:
+        """ConfigError unless this user may `action` (stop, remove) the job. Jobs on this
+        machine check their owner; a remote service (SageMaker, Kubernetes) decides itself."""
+        return None
+
     def log_lines(self) -> Iterator[str]:
         """The job's log so far, line by line (what `logs()` prints; backends may stream it)."""
         buffer = io.StringIO()

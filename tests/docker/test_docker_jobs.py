@@ -12,6 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from job_privacy import (
+    open_directory,
+    open_modes,
+    readable_by_other_user,
+    require_other_user,
+    umask,
+)
 
 from meshtrain import Estimator, JobFailedError
 
@@ -49,7 +56,17 @@ def run_quickstart(instance_type: str, options: dict) -> tuple[float, float, dic
     return first_step or float("nan"), time.monotonic() - start, losses
 
 
-def test_quickstart_on_two_containers_matches_local_processes(docker_engine, home):
+@pytest.fixture
+def open_home(monkeypatch):
+    """MESHTRAIN_HOME, not made yet, in a 0755 directory, under umask 022 (issue 43)."""
+    require_other_user()
+    with open_directory() as base, umask(0o022):
+        monkeypatch.setenv("MESHTRAIN_HOME", str(base / "home"))
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        yield base / "home"
+
+
+def test_quickstart_on_two_containers_matches_local_processes(docker_engine, open_home):
     docker_first, docker_total, docker_losses = run_quickstart("local_docker",
                                                                docker_engine.options())
     local_first, local_total, local_losses = run_quickstart("local", {})
@@ -61,6 +78,10 @@ def test_quickstart_on_two_containers_matches_local_processes(docker_engine, hom
         assert docker_losses[step] == pytest.approx(loss, abs=1e-5)
     assert docker_engine.daemon.docker("ps", "-aq").split() == []
     assert docker_engine.daemon.docker("network", "ls", "-q", "--filter", "type=custom") == ""
+    # issue 43: what the containers wrote through their bind mounts (each host's /opt/ml, its
+    # work folder, the checkpoint folder) is as private as what the client wrote
+    assert readable_by_other_user(open_home) == []
+    assert open_modes(open_home) == []
 
 
 def test_a_failing_host_names_the_root_cause_and_leaves_nothing(docker_engine, home):

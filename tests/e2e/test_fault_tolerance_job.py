@@ -15,13 +15,14 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
 from ft_jobs import rank_of_group, wait_for
+from job_privacy import Listener, listeners
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts.processes import pids_of_job
@@ -52,6 +53,8 @@ class Run:
     killed_at: float
     killed_pid: int
     lighthouse_pid: int
+    listening: list[Listener] = field(default_factory=list)
+    """The job's listening sockets while both groups stepped, and after group 1 rejoined."""
 
     def data_dir(self, group: int) -> Path:
         return self.job.job_dir.host_paths(f"algo-{group + 1}").output_data_dir
@@ -101,16 +104,18 @@ def run(tmp_path_factory) -> Run:
         probe = Run(job, 0.0, 0, 0)
         wait_for("group 1 to commit steps", lambda: sum(
             r["committed"] for r in probe.records(1)) >= KILL_AFTER_STEPS, job)
+        listening = listeners(pids_of_job(job.token))  # lighthouse, stores, torchft, gloo
         pid = rank_of_group(job.token, 1, 1)
         assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
         lighthouse = job.job_dir.read_status()["FaultToleranceLayout"]["LighthousePid"]
         hold = shared / "hold-restart"  # the restarted group waits before init() while it exists
         hold.write_text("")
-        killed = Run(job, time.time(), pid, lighthouse)
+        killed = Run(job, time.time(), pid, lighthouse, listening)
         os.kill(pid, signal.SIGKILL)
         wait_for("group 0 to step alone", lambda: _steps_alone(killed) >= KILL_AFTER_STEPS, job)
         hold.unlink()
         wait_for("group 1 to rejoin", lambda: _rejoined(killed), job)
+        killed.listening += listeners(pids_of_job(job.token))
         last = max(r["step"] for r in killed.records(0))
         (shared / "stop-at").write_text(str(last + STEPS_AFTER_REJOIN))
         job.wait(logs=False)
@@ -137,6 +142,16 @@ def test_the_job_completes_and_no_process_outlives_it(run):
     assert pids_of_job(run.job.token) == []
     assert not Path(f"/proc/{run.lighthouse_pid}").exists() or Path(
         f"/proc/{run.lighthouse_pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_no_socket_of_the_job_listens_beyond_loopback(run):
+    """Issue 43: every service of a local fault-tolerant job (torchft's lighthouse, each group's
+    rendezvous store, Manager server and healing transport, gloo's pairs) listens on loopback,
+    before the kill and after the rejoin."""
+    assert run.lighthouse_pid in {s.pid for s in run.listening}
+    for kind in ("agent_entry", "rank_entry"):  # the groups' stores; torchft and gloo
+        assert any(kind in s.command for s in run.listening), (kind, run.listening)
+    assert [s for s in run.listening if not s.loopback] == [], run.listening
 
 
 def test_only_the_killed_group_was_restarted(run):

@@ -7,6 +7,7 @@ The jobs of one module start together and share the cluster (each costs real sec
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from job_privacy import (
+    open_directory,
+    open_modes,
+    readable_by_other_user,
+    require_other_user,
+    umask,
+)
 
 from meshtrain import Estimator
 from meshtrain.backends.slurm.backend import SlurmBackend
@@ -52,8 +60,14 @@ def quickstart(instance_type: str, jobs_dir: Path, **options) -> Estimator:
 @pytest.fixture(scope="module")
 def quickstart_runs(slurm_cluster, tmp_path_factory):
     """The quickstart job three ways at once: fit() on Slurm, a rendered script sbatch'ed by
-    hand, fit() on local processes; each one's job directory once it has ended."""
-    home = tmp_path_factory.mktemp("home")
+    hand, fit() on local processes; each one's job directory once it has ended. MESHTRAIN_HOME
+    is made by meshtrain in a 0755 directory (a shared filesystem's home), under umask 022."""
+    require_other_user()
+    with open_directory() as shared, umask(0o022):
+        yield _quickstart_runs(shared / "home", tmp_path_factory)
+
+
+def _quickstart_runs(home: Path, tmp_path_factory) -> dict:
     jobs_dir = home / "jobs"
     example = subprocess.Popen(  # examples/slurm/launch.py: fit() on Slurm
         [sys.executable, str(EXAMPLE), "--job-name", "on-slurm"], stdout=subprocess.PIPE,
@@ -134,6 +148,21 @@ def test_slurm_jobs_are_listed_and_found_by_name(quickstart_runs, capsys):
     shown = capsys.readouterr().out
     assert shown == (quickstart_runs["jobs_dir"] / "on-slurm" / "job.log").read_text()
     assert "[algo-1 rank 0] step 0 loss" in shown
+
+
+def test_a_slurm_jobs_files_on_the_shared_directory_are_its_owners_alone(quickstart_runs):
+    """Issue 43: as another user, nothing of the jobs is readable (MESHTRAIN_HOME is 0700, and
+    every file and directory the client, the batch step and the nodes wrote is owner-only);
+    spec.json keeps the environment's names, not its values (which reached the nodes through
+    sbatch's environment, or the script rendered by hand)."""
+    home = quickstart_runs["jobs_dir"].parent
+    assert readable_by_other_user(home) == []
+    for job in ("on-slurm", "by-hand"):
+        assert open_modes(home / "jobs" / job) == []
+    spec = json.loads((home / "jobs" / "on-slurm" / "spec.json").read_text())
+    assert spec["environment"] == {"OMP_NUM_THREADS": "<masked>"}
+    script = (home / "jobs" / "by-hand" / "job.sbatch").read_text()
+    assert "umask 077" in script and "export MESHTRAIN_JOB_ENVIRONMENT='{}'" in script
 
 
 def _squeue(name: str) -> str:

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 from datetime import timedelta
 from typing import Any
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import TORCHFT_REQUIREMENT, ReplicaGroupEnv
+from meshtrain_runtime.fault.binding import (
+    bound_http_transport,
+    job_service_address,
+    made_bound,
+)
 
 REPLICA_ID_PREFIX = "meshtrain_ft_"
 """torchft reads a replica's group index from the trailing digits of its id."""
@@ -74,7 +80,8 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
     timeout = timedelta(seconds=settings.quorum_timeout_seconds)
     _forget_earlier_manager(group_rank, timeout)
     pg = recording_process_group(device_type, timeout)
-    manager = Manager(
+    address = job_service_address()  # its servers listen on the job's interface (binding.py)
+    manager = made_bound(Manager, address, group_rank)(
         pg=pg, load_state_dict=None, state_dict=None,
         min_replica_size=settings.min_replica_groups, use_async_quorum=False,
         timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
@@ -82,6 +89,8 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
         store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
         lighthouse_addr=settings.lighthouse,
         replica_id=f"{REPLICA_ID_PREFIX}{settings.replica_group}",
+        hostname=address or socket.gethostname(),
+        checkpoint_transport=bound_http_transport(address, timeout),
     )
     return manager, pg
 

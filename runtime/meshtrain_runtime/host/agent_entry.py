@@ -1,5 +1,6 @@
-"""torchrun with three additions: it dies with its bootstrap, it records how ranks failed, and
-a stop is not reported as a crash.
+"""torchrun with four additions: it dies with its bootstrap, it records how ranks failed, a stop
+is not reported as a crash, and on the first host its rendezvous store listens on the job's
+interface only (store.py).
 
 The bootstrap starts ``python -m meshtrain_runtime.host.agent_entry <torchrun arguments>``
 instead of ``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition:
@@ -27,6 +28,7 @@ from typing import Any
 
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_RANK_ERROR_DIR
 from meshtrain_runtime.host.lifeline import die_with_parent
+from meshtrain_runtime.host.store import serve_rendezvous_store
 
 AGENT_FAILURES = "agent-failures.json"
 
@@ -68,6 +70,7 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    served = serve_rendezvous_store(sys.argv[1:])  # the store on the job's interface only
     try:
         torchrun_main(sys.argv[1:])
     except ChildFailedError as error:
@@ -80,6 +83,8 @@ def main() -> None:
         print(f"meshtrain: torchrun stopped by {signal.Signals(number).name}; its workers "
               "were ended (a stop, not an error)", file=sys.stderr, flush=True)
         sys.exit(128 + number)
+    finally:
+        del served  # its server lives as long as torchrun
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from meshtrain.contract.failures import (
     write_host_record,
 )
 from meshtrain.contract.paths import OptMLPaths
+from meshtrain.contract.private_files import restrict_umask
 from meshtrain_runtime.host import rendezvous
 from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
 from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
@@ -270,6 +271,7 @@ def _host_failure(paths: OptMLPaths, kind: str, text: str) -> None:
 
 def main() -> None:
     die_with_parent()
+    restrict_umask()  # what the host and the user's script write is the job owner's alone
     forwarder = StopForwarder()
     previous = signal.signal(signal.SIGTERM, forwarder)
     paths = OptMLPaths.from_env()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from meshtrain.contract import hyperparameters as hp
+from meshtrain.contract import job_environment
 from meshtrain.contract.distribution import DistributionConfig
 
 DEFAULT_CONTAINER_LOG_LEVEL = 20  # logging.INFO, as the SageMaker SDK sends it
@@ -79,6 +81,21 @@ class JobSpec(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         return cls.model_validate_json(text)
+
+    def to_record_json(self) -> str:
+        """spec.json, the client's record of the job: the environment's names with masked
+        values (contract/job_environment.py)."""
+        return self.model_copy(
+            update={"environment": job_environment.masked(self.environment)}).to_json()
+
+    def with_environment_from(self, process_env: Mapping[str, str]) -> JobSpec:
+        """This spec read back from its record, its masked environment values restored from
+        MESHTRAIN_JOB_ENVIRONMENT in `process_env` (ConfigError when they are not there)."""
+        names = job_environment.masked_names(self.environment)
+        if not names:
+            return self
+        values = job_environment.values_from(process_env, names)
+        return self.model_copy(update={"environment": {**self.environment, **values}})
 
     def distribution_hyperparameters(self) -> dict[str, Any]:
         """What the SageMaker SDK's PyTorch estimator adds for the distribution (contract §2.3)."""

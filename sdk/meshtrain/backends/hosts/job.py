@@ -20,6 +20,7 @@ from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS
 from meshtrain.backends.hosts.s3_staging import read_destinations
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.private_files import check_owned, owner_uid
 from meshtrain.display import JobDisplay, host_index, make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob
 from meshtrain.pipes import drop_output_to_closed_pipes
@@ -42,14 +43,24 @@ class HostTrainingJob(TrainingJob):
         """The token every process of this job carries (MESHTRAIN_JOB_TOKEN)."""
         return self.job_dir.read_token()
 
+    @property
+    def owner_uid(self) -> int:
+        """The job's owner: the user who made its directory (and runs its processes)."""
+        return owner_uid(self.job_dir.root)
+
+    def check_owner(self, action: str) -> None:
+        """ConfigError unless this process's user owns the job (stop, rm)."""
+        check_owned(self.job_dir.root, f"job {self.job_name}", action)
+
     def end_leftover_processes(self) -> int:
         """A job whose supervisor was killed may leave processes without a lifeline (a script's
-        detached children): end every one still carrying the job's token."""
+        detached children): end every one still carrying the job's token (its owner only)."""
+        self.check_owner("stop")
         return kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
 
     def processes(self) -> list[int]:
         """PIDs of this job's processes still running (supervisor, hosts, agents, ranks)."""
-        return pids_of_job(self.token)
+        return pids_of_job(self.token, self.owner_uid)
 
     def _supervisor_pid(self) -> int | None:
         """The supervisor's PID while it runs: a PID is only trusted if the process carries
@@ -58,7 +69,12 @@ class HostTrainingJob(TrainingJob):
             pid = int(self.job_dir.supervisor_pid_file.read_text())
         except (OSError, ValueError):
             return None
-        return pid if carries_token(pid, self.token) else None
+        return pid if carries_token(pid, self.token, self.owner_uid) else None
+
+    def _sees_processes(self) -> bool:
+        """Whether this user can see the job's processes (their environment is readable only
+        by their owner and root): another user never records a live job as dead."""
+        return os.getuid() in (0, self.owner_uid)
 
     def _supervisor_alive(self) -> bool:
         return self._supervisor_pid() is not None
@@ -89,7 +105,8 @@ class HostTrainingJob(TrainingJob):
 
     def describe(self) -> dict[str, Any]:
         status = self.job_dir.read_status()
-        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._supervisor_gone():
+        if (status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._sees_processes()
+                and self._supervisor_gone()):
             status = self.job_dir.read_status()  # it may have finished between the two reads
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
                 status = self._record_end_of_dead_supervisor()
@@ -177,7 +194,9 @@ class HostTrainingJob(TrainingJob):
     def stop(self) -> None:
         """SIGTERM the supervisor, which ends every host and records the status. If it is gone
         (killed) or does not end, every process still carrying the job's token is ended here
-        and the job is recorded as Stopped: the job is terminal when this returns."""
+        and the job is recorded as Stopped: the job is terminal when this returns. Only the
+        job's owner may stop it (ConfigError for anyone else, before anything is touched)."""
+        self.check_owner("stop")
         pid = self._supervisor_pid()
         with contextlib.suppress(OSError):  # a full disk must not keep the job from stopping
             self.job_dir.stop_request_file.touch()
@@ -215,6 +234,7 @@ def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -
         "SecondaryStatus": status.get("SecondaryStatus", "Starting"),
         "SecondaryStatusTransitions": status.get("SecondaryStatusTransitions", []),
         "HyperParameters": spec.container_hyperparameters(f"file://{job_dir.sourcedir_tarball}"),
+        "Environment": dict(spec.environment),  # names only: the values are never recorded
         "AlgorithmSpecification": {"TrainingImage": spec.image_uri or "local-processes",
                                    "TrainingInputMode": spec.input_mode},
         "ResourceConfig": {"InstanceType": spec.instance_type,

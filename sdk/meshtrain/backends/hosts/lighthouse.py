@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.network import LOOPBACK, url_host
+from meshtrain.contract.private_files import PRIVATE_UMASK
 
 ENTRY_SCRIPT = Path(__file__).with_name("lighthouse_entry.py")
 START_TIMEOUT_SECONDS = 60.0
@@ -52,7 +54,7 @@ class Lighthouse:
     """One lighthouse process; `address` is what the ranks are told (http://host:port)."""
 
     def __init__(self, log_file: Path, env: dict[str, str] | None = None, *,
-                 bind_host: str = "127.0.0.1", advertise_host: str = "127.0.0.1",
+                 bind_host: str = LOOPBACK, advertise_host: str = LOOPBACK,
                  min_replicas: int = 1, heartbeat_timeout_ms: int | None = None) -> None:
         self.log_file = log_file
         self.env = env
@@ -66,7 +68,7 @@ class Lighthouse:
     def argv(self) -> list[str]:
         # run as a script, not -m: the lighthouse parses the process's own argv after argv[0]
         argv = [sys.executable, str(ENTRY_SCRIPT), "--min_replicas", str(self.min_replicas),
-                "--bind", f"{self.bind_host}:0",  # port 0: the kernel picks, the log says it
+                "--bind", f"{url_host(self.bind_host)}:0",  # port 0: the kernel picks it
                 "--join_timeout_ms", str(JOIN_TIMEOUT_MS)]
         if self.heartbeat_timeout_ms:
             argv += ["--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms)]
@@ -80,12 +82,12 @@ class Lighthouse:
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, umask=PRIVATE_UMASK)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             port = self._port_from_log()
             if port:
-                self.address = f"http://{self.advertise_host}:{port}"
+                self.address = f"http://{url_host(self.advertise_host)}:{port}"
                 return self.address
             if self.proc.poll() is not None:
                 raise LighthouseError(self._failure(f"exited with code {self.proc.returncode}"))

@@ -17,6 +17,7 @@ hosts' records (meshtrain.contract.failures). See docs/local-jobs.md.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,7 @@ from meshtrain.contract.failures import (
     pick_root_cause,
     read_host_record,
 )
+from meshtrain.contract.job_environment import scrub
 from meshtrain.contract.jobspec import JobSpec
 
 STOP_GRACE_SECONDS = 10.0  # the last sweep, after the hosts' own grace period
@@ -67,7 +69,7 @@ class HostSupervisor:
 
     def __init__(self, job_dir: JobDirectory) -> None:
         self.job_dir = job_dir
-        self.spec = job_dir.read_spec()
+        self.spec = job_dir.read_spec().with_environment_from(os.environ)  # values restored
         self.token = job_dir.read_token()
         self.hosts: dict[str, subprocess.Popen] = {}
         self.host_extra_env: dict[str, dict[str, str]] = {}  # a replica group's, per host
@@ -274,8 +276,8 @@ def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | 
         status = "Failed" if status == "Completed" else status
         reason = f"{reason}\n{packing_error}" if reason else packing_error
     changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
-    if reason:
-        changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
+    if reason:  # a traceback that printed an environment value does not keep it
+        changes["FailureReason"] = scrub(reason, spec.environment)[:FAILURE_REASON_LIMIT]
     job_dir.write_status(**changes)
     job_dir.add_transition(status, _FINAL_MESSAGES[status])
 

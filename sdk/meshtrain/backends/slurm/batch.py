@@ -49,12 +49,14 @@ from meshtrain.backends.slurm.ft_group import GroupRecords
 from meshtrain.backends.slurm.node import GROUP_HOSTS_ENV
 from meshtrain.backends.slurm.submit import JOB_ID_FILE
 from meshtrain.contract import env as names
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.failures import (
     HOST_RECORD,
     format_reason,
     pick_root_cause,
     read_host_record,
 )
+from meshtrain.contract.private_files import PRIVATE_FILE_MODE
 
 REQUEUE = "Requeue"
 NODE_PROBE_SECONDS = 30
@@ -109,6 +111,8 @@ class BatchStep:
     def __init__(self, job_dir: JobDirectory, group: int | None = None) -> None:
         self.job_dir = job_dir
         self.spec = job_dir.read_spec()
+        with contextlib.suppress(ConfigError):  # the values, to keep them out of the reason
+            self.spec = self.spec.with_environment_from(os.environ)  # (each node checks them)
         self.group = GroupRecords.of(job_dir, self.spec, group) if group is not None else None
         self.hosts = list(self.group.hosts) if self.group else list(self.spec.hosts)
         self.stop = threading.Event()
@@ -245,8 +249,17 @@ class BatchStep:
         finish_job(self.job_dir, self.spec, status, reason)
 
 
+def make_output_private(job_dir: JobDirectory) -> None:
+    """Slurm made the job's output file (slurm-<id>.out) with sbatch's umask, before the
+    script's `umask 077` ran: a script submitted by hand from a umask 022 shell left it 0644."""
+    output = job_dir.root / f"slurm-{os.environ.get('SLURM_JOB_ID', '')}.out"
+    with contextlib.suppress(OSError):
+        output.chmod(PRIVATE_FILE_MODE)
+
+
 def main() -> None:
     group = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    make_output_private(JobDirectory(Path(sys.argv[1])))
     step = BatchStep(JobDirectory(Path(sys.argv[1])), group)
     signal.signal(signal.SIGTERM, step.on_sigterm)
     step.run()

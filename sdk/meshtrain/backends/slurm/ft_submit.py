@@ -2,8 +2,8 @@
 ``torch_distributed.fault_tolerance``): the lighthouse, one sbatch job per replica group, and
 the job's outcome.
 
-It starts torchft's lighthouse on this machine (by its pid, bound to every interface, told to
-the ranks as ``http://<this host's name>:<port>``), renders and sbatches each replica group's
+It starts torchft's lighthouse on this machine (by its pid, bound to the address the nodes reach
+it at, told to the ranks as ``http://<that address>:<port>``), renders and sbatches each group's
 script (script.render_group: its hosts, MESHTRAIN_FT_* and ``--requeue``, so Slurm requeues a
 group whose node died alone), then follows the N Slurm jobs until none runs: it merges the
 groups' failure records into status.json with the figures of describe()["FaultTolerance"] and
@@ -39,7 +39,12 @@ from meshtrain.backends.hosts.replica_groups import (
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS
 from meshtrain.backends.hosts.supervisor import STOPPED_BY_CLIENT, finish_job
 from meshtrain.backends.slurm import groups as records
-from meshtrain.backends.slurm.commands import ENDED_STATES, job_fields, run_slurm
+from meshtrain.backends.slurm.commands import (
+    ENDED_STATES,
+    address_towards_nodes,
+    job_fields,
+    run_slurm,
+)
 from meshtrain.backends.slurm.script import SlurmOptions, group_script_name, render_group
 
 OPTIONS_FILE = "slurm_options.json"
@@ -88,8 +93,10 @@ class FaultTolerantSubmission:
         assert self.ft is not None  # submit.py runs this only for a fault-tolerant job
         self.layout = ReplicaGroups.of(list(self.spec.hosts), self.ft.replica_groups)
         self.options = SlurmOptions(**json.loads((job_dir.root / OPTIONS_FILE).read_text()))
-        self.lighthouse = Lighthouse(job_dir.root / "lighthouse.log", bind_host="0.0.0.0",
-                                     advertise_host=socket.gethostname(),
+        address = address_towards_nodes(self.options.partition)  # not every interface
+        self.lighthouse = Lighthouse(job_dir.root / "lighthouse.log",
+                                     bind_host=address or "0.0.0.0",
+                                     advertise_host=address or socket.gethostname(),
                                      min_replicas=self.ft.min_replica_groups)
         self.job_ids: list[str] = []
         self.budget = self.spec.distribution_config().torch_distributed.max_restarts
