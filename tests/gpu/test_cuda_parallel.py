@@ -71,8 +71,11 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_context_parallel_blockwise_attention_matches_sdpa(device, cp, dtype, record_property):
     """Output and q, k, v gradients against fp32 SDPA over the whole sequence: fp32 within
-    1e-5 (relative L2; only the summation order differs); bf16 no further from fp32 than
-    torch's own bf16 SDPA is (x1.5, plus 1e-3 for the merge's rounding of each block)."""
+    1e-5 (relative L2; only the summation order differs); bf16 within 2x torch's own bf16
+    SDPA error plus 1e-3: the matmul path rounds the scores and the probabilities to bf16 (two
+    roundings the fused kernel keeps in fp32) besides the output. Measured on CPU with the
+    matmul path forced (2026-11-28, seq 1024, cp 2 and 4): output 3.7e-3 against torch's 2.0e-3,
+    dq 4.3e-3 against 2.6e-3, dk and dv below torch's."""
     seq = 1024 if device.type == "cuda" else 64
     generator = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(2, HEADS, seq, HEAD_DIM, device=device, generator=generator).to(dtype)
@@ -91,7 +94,7 @@ def test_context_parallel_blockwise_attention_matches_sdpa(device, cp, dtype, re
         sdpa_grads = torch.autograd.grad(sdpa, (qb, kb, vb), grad_out)
         torch_errors = [_relative(sdpa, ref_out)] + [
             _relative(g, r) for g, r in zip(sdpa_grads, ref_grads, strict=True)]
-        bounds = [1.5 * e + 1e-3 for e in torch_errors]
+        bounds = [2 * e + 1e-3 for e in torch_errors]
     record_property("figure", f"cp {cp} {str(dtype)[6:]}: relative L2 error of output, dq, dk, "
                               f"dv {', '.join(f'{e:.1e}' for e in errors)}")
     assert all(e <= b for e, b in zip(errors, bounds, strict=True)), (errors, bounds)
