@@ -27,6 +27,8 @@ import json
 import os
 import re
 import shutil
+import time
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from torch.distributed.checkpoint.state_dict import (
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
+from meshtrain_runtime import fault
 from meshtrain_runtime.checkpoint_base import (
     PathLike,
     barrier,
@@ -102,8 +105,13 @@ def save_checkpoint(
     marker over new, partial files.
     """
     wait_for_pending_save()
+    started = time.monotonic()
     target = _resolve_save_dir(path, step)
+    if not fault.writes_checkpoint():  # replica groups: another group's ranks write this step
+        return target if not async_ else PendingCheckpoint(target, _done(), lambda: None)
     record = marker_record(step, extra, optimizer is not None)
+    if fault.session() is not None:  # replica groups resume the job's committed steps
+        record["fault_tolerance"] = fault.checkpoint_record()
     flat = isinstance(model, PipelineModule)  # see _training_state
     if flat:
         record["flat_optimizer"] = True
@@ -117,7 +125,8 @@ def save_checkpoint(
     save_rng_states(target, rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
     writer = dcp.FileSystemWriter(str(target), overwrite=True)
-    state = _training_state(model, optimizer, flat=flat)
+    with fault.outside_training():  # torch may step the optimizer to create its state
+        state = _training_state(model, optimizer, flat=flat)
     complete = partial(_complete, target, record, root, keep_last)
     if async_:
         global _pending
@@ -128,6 +137,7 @@ def save_checkpoint(
     barrier()  # every rank's files are on disk before the marker says so
     complete()
     barrier()
+    fault.note_checkpoint("write", time.monotonic() - started, step)
     return target
 
 
@@ -202,6 +212,13 @@ def prune_checkpoints(root: PathLike, keep_last: int, *, newest: int | None = No
     return doomed
 
 
+def _done() -> Future:
+    """A future that is already done: the save of a replica group that does not write."""
+    future: Future = Future()
+    future.set_result(None)
+    return future
+
+
 def _check_keep_last(keep_last: int | None, step: int | None) -> None:
     if keep_last is None:
         return
@@ -228,6 +245,7 @@ def load_checkpoint(
     still in flight is finished first.
     """
     wait_for_pending_save()
+    started = time.monotonic()
     target, record = _broadcast_from_rank0(_find_loadable, path)
     if isinstance(record, str):  # rank 0 found a problem: every rank raises the same error
         raise ConfigError(record)
@@ -238,14 +256,17 @@ def load_checkpoint(
             "optimizer."
         )
     flat = bool(record.get("flat_optimizer"))
-    state = _training_state(model, optimizer, flat=flat)
-    dcp.load(state, checkpoint_id=str(target))
-    if optimizer is None:
-        set_model_state_dict(model, state["model"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    with fault.outside_training():  # torch may step the optimizer to create its state
+        state = _training_state(model, optimizer, flat=flat)
+        dcp.load(state, checkpoint_id=str(target))
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    fault.resume(record.get("fault_tolerance"))  # replica groups go on from its steps
+    fault.note_checkpoint("load", time.monotonic() - started, record["step"])
     same_world = record.get("world_size") == world_size()
     restored = same_world and restore_rng_states(target, rank())
     return {"step": record["step"], "extra": record["extra"], "path": str(target),

@@ -19,7 +19,7 @@ import atexit
 import gc
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +258,11 @@ def init(config: ConfigSource = None) -> RuntimeState:
     device = _select_device()
     _created_process_group = _ensure_process_group(device) or _created_process_group
     _current = build_state(params, device=device, owns_process_group=_created_process_group)
-    _current = fault.start(_current)  # replica groups' quorum (a no-op without fault tolerance)
+    ft = fault.start(rank=_current.rank, world_size=_current.world_size,
+                     degrees=_current.degrees, device_type=_current.device.type)
+    if ft is not None:  # replica groups: this world is one group of the job's
+        _current = replace(_current, replica_group=ft.replica_group,
+                           replica_groups=ft.replica_groups)
     return _current
 
 

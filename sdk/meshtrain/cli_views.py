@@ -1,5 +1,5 @@
-"""`meshtrain logs JOB [--host H] [--rank R] [--follow]`, `meshtrain plot JOB -o FILE` and the
-readable `meshtrain describe JOB`."""
+"""`meshtrain logs JOB [--host H] [--rank R] [--follow] [--debug]`, `meshtrain plot JOB -o FILE`
+and the readable `meshtrain describe JOB`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def add_view_commands(sub: argparse._SubParsersAction, add_location: Callable[..
     logs.add_argument("--rank", type=int, help="only lines of this global rank, e.g. 3")
     logs.add_argument("--follow", "-f", action="store_true",
                       help="keep printing new lines until the job ends, then its outcome")
+    logs.add_argument("--debug", action="store_true",
+                      help="the output kept out of the job log: a fault-tolerant job's torchft "
+                           "lines, per replica group")
     add_location(logs)
     logs.set_defaults(handler=job_command, action="logs")
     plot = sub.add_parser("plot", help="plot a job's loss and throughput to a PNG (needs "
@@ -56,7 +59,8 @@ def line_matches(line: str, host: str | None, rank: int | None) -> bool:
 def print_logs(job: TrainingJob, args: argparse.Namespace) -> None:
     """The job's log lines (filtered); with --follow, until it ends, then how it ended."""
     follow = getattr(args, "follow", False)
-    for line in _lines(job, follow=follow):
+    lines = job.debug_log_lines() if getattr(args, "debug", False) else _lines(job, follow=follow)
+    for line in lines:
         if line_matches(line, getattr(args, "host", None), getattr(args, "rank", None)):
             sys.stdout.write(line + "\n")
     if follow:

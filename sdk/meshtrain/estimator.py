@@ -52,8 +52,9 @@ SHARED_FIELDS = (
 """JobSpec fields the Estimator takes and keeps under the same name: build_spec() and
 from_spec() are derived from this one list (tests/sdk/test_estimator_fields.py)."""
 SPEC_ONLY_FIELDS = ("job_name", "distribution", "inputs", "input_content_types", "input_configs",
-                    "region")
-"""JobSpec fields set another way: at fit(), from the validated distribution, by the backend."""
+                    "region", "model_trainer")
+"""JobSpec fields set another way: at fit(), from the validated distribution, by the backend,
+by SDK v3's ModelTrainer (meshtrain.sagemaker.train)."""
 
 
 class Estimator:

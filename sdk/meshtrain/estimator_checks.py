@@ -19,7 +19,8 @@ from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import check_fault_tolerance, check_fault_tolerance_platform
+from meshtrain.contract.fault_tolerance import check_fault_tolerance_platform
+from meshtrain.contract.fault_tolerance_checks import check_fault_tolerance
 from meshtrain.contract.support import (
     check_build_support,
     check_cpu_offload,

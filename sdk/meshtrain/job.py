@@ -69,6 +69,11 @@ class TrainingJob(abc.ABC):
             self.logs()
         yield from buffer.getvalue().splitlines()
 
+    def debug_log_lines(self) -> Iterator[str]:
+        """Output kept out of the job log for its volume (a fault-tolerant job's torchft
+        lines, per replica group); none where a backend keeps no such file."""
+        return iter(())
+
     @property
     def status(self) -> str:
         return self.describe()["TrainingJobStatus"]

@@ -63,6 +63,15 @@ def recording_process_group(device_type: str, timeout: timedelta) -> Any:
     return Recording(timeout=timeout)
 
 
+def check_group_world() -> None:
+    """ConfigError unless this rank runs in a torchrun world (its group's own)."""
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(key):
+            raise ConfigError(
+                f"fault tolerance: {key} is not set. Each replica group runs as its own torchrun "
+                "world (the backend starts it); a plain `python train.py` cannot join one.")
+
+
 def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_size: int,
                   device_type: str) -> tuple[Any, Any]:
     """(Manager, its process group) for this rank of replica group ``settings.replica_group``.
@@ -72,11 +81,7 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
     import_torchft()
     from torchft.manager import Manager
 
-    for key in ("MASTER_ADDR", "MASTER_PORT"):
-        if not os.environ.get(key):
-            raise ConfigError(
-                f"fault tolerance: {key} is not set. Each replica group runs as its own torchrun "
-                "world (the backend starts it); a plain `python train.py` cannot join one.")
+    check_group_world()
     timeout = timedelta(seconds=settings.quorum_timeout_seconds)
     _forget_earlier_manager(group_rank, timeout)
     pg = recording_process_group(device_type, timeout)
@@ -113,4 +118,4 @@ def _forget_earlier_manager(group_rank: int, timeout: timedelta) -> None:
     dist.barrier()
 
 
-__all__ = ["build_manager", "import_torchft", "recording_process_group"]
+__all__ = ["build_manager", "check_group_world", "import_torchft", "recording_process_group"]

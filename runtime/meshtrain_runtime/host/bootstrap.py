@@ -91,7 +91,7 @@ def _rendezvous_name(contract: HostContract) -> str:
 def build_environment(contract: HostContract, error_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(build_sm_env(contract))
-    env["PYTHONPATH"] = python_path(contract.paths.code_dir)
+    env["PYTHONPATH"] = python_path(contract.code_dir)
     env[names.MESHTRAIN_RANK_ERROR_DIR] = str(error_dir)
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{contract.current_host} rank ${{rank}}] "
     threads = max(1, (os.cpu_count() or 1) // contract.processes_per_host)
@@ -243,8 +243,8 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
         elastic = rendezvous.elastic_arguments(os.environ, _rendezvous_name(contract),
                                                len(contract.world_hosts))
         rendezvous.wait_until_resolvable(rendezvous.endpoint_host(elastic, contract.master_addr))
-    code, tail = run_streaming(command, build_environment(contract, error_dir), paths.code_dir,
-                               forwarder)
+    code, tail = run_streaming(command, build_environment(contract, error_dir),
+                               contract.code_dir, forwarder)
     if code == 0 and forwarder.received is None:
         paths.output_dir.mkdir(parents=True, exist_ok=True)
         paths.success_file.touch()

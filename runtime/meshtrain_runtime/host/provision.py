@@ -35,7 +35,7 @@ def fetch_submit_directory(submit: str, scratch: Path, region: str | None = None
 
 def provision_code(contract: HostContract) -> Path:
     """Unpack the source into the code dir, install requirements.txt; return the script path."""
-    code_dir = contract.paths.code_dir
+    code_dir = contract.code_dir
     code_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         source = fetch_submit_directory(
@@ -49,7 +49,7 @@ def provision_code(contract: HostContract) -> Path:
     script = code_dir / contract.entry_point
     if not script.is_file():
         raise ProvisionError(f"entry point {contract.entry_point!r} is not in {code_dir}")
-    requirements = code_dir / "requirements.txt"
-    if requirements.is_file():
+    requirements = contract.requirements_file
+    if requirements is not None and requirements.is_file():
         activate(requirements_environment(requirements))
     return script

@@ -115,8 +115,22 @@ def run_entry_point(script: str, args: list[str]) -> int:
         traceback.print_exception(type(error), error, _user_frames(error))
         record_failure(error, os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
         code = 130 if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT_CODE
+    if code == 0:
+        finish_replica_group()
     shutdown_distributed(success=code == 0)
     return code
+
+
+def finish_replica_group() -> None:
+    """A fault-tolerant job: say this rank's replica group finished, while its Manager still
+    heartbeats (meshtrain_runtime.fault.coordination says why); nothing without one."""
+    fault = sys.modules.get("meshtrain_runtime.fault")  # loaded with the runtime's state
+    if fault is not None:
+        try:
+            fault.finish()
+        except Exception as error:  # the run succeeded: say it, do not fail it
+            print(f"meshtrain: could not mark the replica group finished: {error}",
+                  file=sys.stderr)
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from pydantic import (
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import FaultTolerance
+from meshtrain.contract.fault_tolerance import DEFAULT_REPLICA_GROUP_RESTARTS, FaultTolerance
 from meshtrain.contract.pipeline_checks import (
     SINGLE_STAGE_SCHEDULES,
     ZERO_BUBBLE_SCHEDULES,
@@ -245,7 +245,9 @@ class TorchDistributed(_Strict):
     max_restarts: int = Field(0, ge=0)
     """meshtrain extension: times every host of a job is restarted after a failure (a new
     rendezvous, the same job, the same /opt/ml). Honoured by local jobs (the supervisor) and
-    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value."""
+    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value. With
+    ``fault_tolerance`` it counts per replica group and defaults to
+    ``DEFAULT_REPLICA_GROUP_RESTARTS`` (docs/fault-tolerance.md)."""
     stop_grace_seconds: int = Field(120, ge=0)
     """meshtrain extension: on a stop (stop(), Ctrl-C, max_run, SIGTERM to a host) the ranks get
     SIGTERM and this long to save and exit before SIGKILL (SageMaker's figure, 120 s). Local
@@ -257,7 +259,17 @@ class TorchDistributed(_Strict):
     fault_tolerance: FaultTolerance | None = None
     """meshtrain extension: replica groups that fail alone and heal from a live peer
     (docs/fault-tolerance.md); checked against the cluster by
-    ``meshtrain.contract.fault_tolerance.check_fault_tolerance``."""
+    ``meshtrain.contract.fault_tolerance_checks.check_fault_tolerance``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replica_groups_restart_by_default(cls, data: Any) -> Any:
+        """A fault-tolerant job without max_restarts gets a restart budget per group: a failed
+        group then comes back by itself (the others never wait for it)."""
+        if (isinstance(data, dict) and data.get("fault_tolerance") is not None
+                and "max_restarts" not in data):
+            return {**data, "max_restarts": DEFAULT_REPLICA_GROUP_RESTARTS}
+        return data
 
 
 class ModelParallel(_Strict):
@@ -321,8 +333,10 @@ class DistributionConfig(_Strict):
     def to_dict(self) -> dict[str, Any]:
         """The distribution dict this config was built from (SMP parameters as given, defaults
         left out): what `from_dict` reads back to an equal config, and what JSON carries."""
-        out: dict[str, Any] = {"torch_distributed": self.torch_distributed.model_dump(
-            exclude_defaults=True)}
+        torch_distributed = self.torch_distributed.model_dump(exclude_defaults=True)
+        if self.torch_distributed.fault_tolerance is not None:  # its default depends on it
+            torch_distributed["max_restarts"] = self.torch_distributed.max_restarts
+        out: dict[str, Any] = {"torch_distributed": torch_distributed}
         if self.smdistributed is not None:
             smd: dict[str, Any] = {}
             mp = self.smdistributed.modelparallel

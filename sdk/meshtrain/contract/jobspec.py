@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract import job_environment
 from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.contract.model_trainer import SETTINGS_KEY, ModelTrainerSpec, safe_serialize
 
 DEFAULT_CONTAINER_LOG_LEVEL = 20  # logging.INFO, as the SageMaker SDK sends it
 
@@ -57,6 +58,10 @@ class JobSpec(BaseModel):
     metric_definitions: list[dict[str, str]] = Field(default_factory=list)
     container_log_level: int = DEFAULT_CONTAINER_LOG_LEVEL
     region: str | None = None
+    model_trainer: ModelTrainerSpec | None = None
+    """Set for a job made by SDK v3's ModelTrainer (meshtrain.sagemaker.train): its request
+    parts, its code settings, and its conventions (strings raw in the hyperparameters, the
+    script's arguments in the given order, code as a channel on SageMaker)."""
 
     @field_validator("distribution", mode="before")
     @classmethod
@@ -103,16 +108,42 @@ class JobSpec(BaseModel):
 
     def container_hyperparameters(self, submit_directory: str) -> dict[str, str]:
         """The JSON-encoded HyperParameters map, as CreateTrainingJob (or local mode) gets it."""
+        if self.model_trainer is not None:
+            return {**self.request_hyperparameters(), **self.job_hyperparameters(submit_directory)}
         values: dict[str, Any] = dict(self.hyperparameters)
         values.update(self.distribution_hyperparameters())
-        values.update({
+        values.update(self._job_keys(submit_directory))
+        return hp.encode_hyperparameters(values)
+
+    def _job_keys(self, submit_directory: str) -> dict[str, Any]:
+        keys: dict[str, Any] = {
             hp.PROGRAM: self.entry_point,
             hp.SUBMIT_DIRECTORY: submit_directory,
             hp.CONTAINER_LOG_LEVEL: self.container_log_level,
             hp.JOB_NAME: self.job_name,
-        })
+        }
         if self.region:
-            values[hp.REGION] = self.region
+            keys[hp.REGION] = self.region
+        return keys
+
+    def request_hyperparameters(self) -> dict[str, str]:
+        """A ModelTrainer job's HyperParameters as SDK v3 sends them: the user's values
+        (strings raw, the rest as JSON) and the SMP parameters' ``mp_parameters``."""
+        values = {key: safe_serialize(value) for key, value in self.hyperparameters.items()}
+        if self.model_trainer is not None and self.model_trainer.mp_parameters is not None:
+            values[hp.MP_PARAMETERS] = self.model_trainer.mp_parameters
+        return values
+
+    def job_hyperparameters(self, submit_directory: str) -> dict[str, str]:
+        """A ModelTrainer job's own keys, JSON-encoded as a v2 request would carry them: the
+        program, the submit directory, the distribution's framework keys, the host settings.
+        On SageMaker they travel in the drivers channel (JOB_FILE), elsewhere in
+        hyperparameters.json beside the user's."""
+        values = {key: value for key, value in self.distribution_hyperparameters().items()
+                  if key != hp.MP_PARAMETERS}
+        values.update(self._job_keys(submit_directory))
+        if self.model_trainer is not None:
+            values[SETTINGS_KEY] = self.model_trainer.host_settings()
         return hp.encode_hyperparameters(values)
 
     def resource_config(self, host: str, instance_type: str | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from meshtrain.backends.hosts.artifacts import output_location
+from meshtrain.backends.hosts.ft_logs import debug_logs
 from meshtrain.backends.hosts.ft_metrics import fault_tolerance_summary, read_step_records
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.processes import carries_token, kill_job_processes, pids_of_job
@@ -190,6 +191,13 @@ class HostTrainingJob(TrainingJob):
         with open(self.job_dir.log_file, encoding="utf-8", errors="replace") as log:
             for line in log:
                 yield line.rstrip("\n")
+
+    def debug_log_lines(self) -> Iterator[str]:
+        """torchft's output of each replica group (hosts/ft_logs.py), group after group."""
+        for path in debug_logs(self.job_dir):
+            with open(path, encoding="utf-8", errors="replace") as log:
+                for line in log:
+                    yield line.rstrip("\n")
 
     def stop(self) -> None:
         """SIGTERM the supervisor, which ends every host and records the status. If it is gone

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from meshtrain.backends.kubernetes.render import JOB_LABEL
+from meshtrain.backends.kubernetes.pods import JOB_LABEL
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.display import host_index, make_display
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob

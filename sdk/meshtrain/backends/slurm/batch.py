@@ -212,7 +212,7 @@ class BatchStep:
         deadline = self.begin()
         attempt = 1
         status, reason = self.run_attempt(attempt, deadline)
-        while status == "Failed" and attempt <= self.max_restarts and self.may_restart():
+        while status == "Failed" and self.may_restart(attempt):
             if self.group is not None:  # only this replica group's hosts
                 self.group.restart(attempt, reason or "", self.attempt_ended)
             else:
@@ -238,9 +238,12 @@ class BatchStep:
                                f"{self.spec.max_run}s (across Slurm's requeues)")
         return REQUEUE, None
 
-    def may_restart(self) -> bool:
-        """Not after a stop; in a replica group, not once another group has finished."""
-        return not self.stop.is_set() and (self.group is None or not self.group.peer_done())
+    def may_restart(self, attempt: int) -> bool:
+        """Within max_restarts and not after a stop; a replica group by the coordinator's rule
+        (not once another group has finished)."""
+        if self.group is not None:
+            return self.group.may_restart(attempt, stopping=self.stop.is_set())
+        return attempt <= self.max_restarts and not self.stop.is_set()
 
     def finish(self, status: str, reason: str | None) -> None:
         if self.group is not None:  # the submitting side records the job's end

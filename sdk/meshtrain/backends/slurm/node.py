@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from meshtrain.backends.hosts.ft_logs import debug_log, is_torchft_debug
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.slurm.commands import expand_nodelist, node_address
 from meshtrain.contract import env as names
@@ -77,15 +78,21 @@ def host_environment(job_dir: JobDirectory, host: str, addr: str, port: int) -> 
 
 
 def copy_output(proc: subprocess.Popen, job_dir: JobDirectory, host: str) -> None:
-    """The host's output into its own log and the merged job log (lines appended whole)."""
+    """The host's output into its own log and the merged job log (lines appended whole); a
+    replica group's torchft lines into the group's debug file instead (hosts/ft_logs.py)."""
     job_dir.host_log(host).parent.mkdir(parents=True, exist_ok=True)
-    with open(job_dir.host_log(host), "ab") as own, open(job_dir.log_file, "ab") as merged:
+    group = os.environ.get(names.MESHTRAIN_FT_REPLICA_GROUP)
+    debug_path = debug_log(job_dir, group) if group is not None else os.devnull
+    Path(debug_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(job_dir.host_log(host), "ab") as own, open(job_dir.log_file, "ab") as merged, \
+            open(debug_path, "ab") as debug:
         for line in iter(proc.stdout.readline, b""):
             own.write(line)
             own.flush()
             prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
-            merged.write(prefixed)
-            merged.flush()
+            sink = debug if group is not None and is_torchft_debug(line) else merged
+            sink.write(prefixed)
+            sink.flush()
 
 
 def main() -> int:
