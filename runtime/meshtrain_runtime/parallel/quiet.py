@@ -30,3 +30,25 @@ def quiet_tensor_parallel_view_warnings(modules: Iterable[nn.Module | None]) -> 
     pattern = (r"FSDP2-wrapped module \((" + "|".join(re.escape(n) for n in names)
                + r")\) returned a view tensor")
     warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+
+
+def quiet_pipeline_stage_view_warnings(stages: Iterable[nn.Module]) -> None:
+    """FSDP2's "returned a view tensor" for pipeline stages (the stage modules only).
+
+    Why it fires: a stage ends where the model's code ends or where the next stage begins, and
+    the model's own code often returns a view there: a biased ``nn.Linear`` head on 3-D
+    activations returns a view of its 2-D matmul, ``logits.view(b, t, -1)`` is one, and so is
+    a block output a stage passes on. FSDP2 warns, once per stage class and rank, that an
+    in-place op on that view would drop the pre-backward hook it registers on the stage's
+    outputs. Why it is safe to silence here: a stage's outputs go only to torch's pipeline
+    schedule, which sends them to the next stage (a read) and back-propagates from them, and
+    on the last stage to ``loss_fn`` through `meshtrain_runtime.forward_backward`; none of
+    them edits the output in place (a loss_fn that does must ``.clone()`` first, as with
+    tensor parallelism, docs/pipeline-parallel.md). Blocks and other FSDP2 modules still warn.
+    """
+    names = sorted({f"FSDP{type(m).__name__}" for m in stages})
+    if not names:
+        return
+    pattern = (r"FSDP2-wrapped module \((" + "|".join(re.escape(n) for n in names)
+               + r")\) returned a view tensor")
+    warnings.filterwarnings("ignore", message=pattern, category=UserWarning)

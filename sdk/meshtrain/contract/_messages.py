@@ -47,9 +47,10 @@ def config_error_from(
             allowed = ", ".join(sorted(known_keys.get(parent, ())))
             lines.append(f"{where}: unknown key.{hint} Allowed keys: {allowed}.")
         else:
-            msg = item["msg"].removeprefix("Value error, ")
+            # a validator's message may end in a period: the line adds exactly one
+            msg = item["msg"].removeprefix("Value error, ").rstrip(".")
             given = "" if item["type"] == "value_error" else f" (got {_short(item.get('input'))})"
-            lines.append(f"{where}: {msg}{given}.")
+            lines.append(_sentence(f"{where}: {msg}{given}"))
     return ConfigError("Invalid distribution: " + " ".join(lines))
 
 
@@ -62,6 +63,11 @@ def arguments_error_from(error: ValidationError, *, what: str) -> ConfigError:
         lines.append(f"{where}: {msg} (got {_short(item.get('input'))}).")
     return ConfigError(f"Invalid {what} argument(s): " + " ".join(lines)
                        + " Pass the type shown in the argument's documentation.")
+
+
+def _sentence(text: str) -> str:
+    """`text` ending in exactly one period (a message may already end with its own)."""
+    return text if text.endswith((".", "?", "!")) else f"{text}."
 
 
 def _short(value: object, limit: int = 80) -> str:
