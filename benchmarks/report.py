@@ -160,6 +160,7 @@ def build_report(
     ep_tp_comm: Mapping[str, Any] | None = None,
     pipeline: Mapping[str, Any] | None = None,
     context: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The latest.json document; `goals_met` compares against the issue's acceptance bounds."""
     entries = [layout_entry(raw) for raw in layouts]
@@ -173,6 +174,7 @@ def build_report(
         "ep_tp_all_to_all": ep_comm_entry(ep_tp_comm) if ep_tp_comm else None,
         "pipeline": dict(pipeline) if pipeline else None,  # bench_pipeline.summarize's
         "context": dict(context) if context else None,  # bench_context.summarize's
+        "data": dict(data) if data else None,  # bench_data.run's
     }
     measured = [e for e in entries if not e["null"]]
     for entry in measured:
@@ -189,6 +191,8 @@ def build_report(
             for e in pipeline["schedules"].values())
     if context:
         report["goals_met"]["context_bytes_equal_planner"] = context["bytes_equal_theory"]
+    if data:
+        report["goals_met"]["data_step_le_1.02"] = data["step_time"]["goal_met"]
     return report
 
 
@@ -274,7 +278,34 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                      f"{_fmt(ep_tp['over_theory'], 4)}")
     lines += pipeline_lines(report.get("pipeline"))
     lines += context_lines(report.get("context"))
+    lines += data_lines(report.get("data"))
     return "\n".join(lines) + "\n"
+
+
+def data_lines(data: Mapping[str, Any] | None) -> list[str]:
+    """bench_data.py's throughput table (loader vs DataLoader + DistributedSampler) and the
+    step-time ratio of a model fed by the loader vs in memory."""
+    if not data:
+        return []
+    lines = ["", "Data: tokens/s of one rank (dp 2), meshtrain's loader vs torch DataLoader + "
+             "DistributedSampler over the same samples", "",
+             "| source | workers | loader tokens/s | DataLoader tokens/s | ratio |",
+             "|---|---|---|---|---|"]
+    for name, label in (("text_jsonl", ".jsonl text, UTF-8 bytes"),
+                        ("tokens_npy", "pre-tokenized .npy")):
+        entry = data[name]
+        for workers in (0, 2):
+            rates = entry["tokens_per_s"]
+            lines.append(f"| {label} | {workers} | {rates[f'loader_w{workers}']:,.0f} | "
+                         f"{rates[f'torch_w{workers}']:,.0f} | "
+                         f"{_fmt(entry['ratio'][f'w{workers}'], 2)} |")
+    step = data["step_time"]
+    lines.append(f"Index time of the text (read, tokenize, pack): "
+                 f"{data['text_jsonl']['index_seconds']:.2f} s. Step time fed by the loader / "
+                 f"in memory: wall {_cell(step['wall']['median'], step['wall'])}, CPU "
+                 f"{_cell(step['cpu']['median'], step['cpu'])}; goal (both <= {step['goal']}): "
+                 f"{'yes' if step['goal_met'] else '**no**'}")
+    return lines
 
 
 def context_lines(context: Mapping[str, Any] | None) -> list[str]:
@@ -342,6 +373,7 @@ __all__ = [
     "build_report",
     "collective_totals",
     "context_lines",
+    "data_lines",
     "ep_comm_entry",
     "launch_entry",
     "layout_entry",

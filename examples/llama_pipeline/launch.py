@@ -13,6 +13,8 @@ from pathlib import Path
 
 from meshtrain import Estimator
 
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the `train` channel's text
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--timeline-step", type=int, default=-1)
@@ -36,5 +38,5 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit()
+estimator.fit(inputs={"train": str(CORPUS)})
 print(f"Model artifacts: {estimator.model_data}")

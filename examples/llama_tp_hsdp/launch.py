@@ -14,6 +14,8 @@ from pathlib import Path
 
 from meshtrain import Estimator
 
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the `train` channel's text
+
 TENSOR_PARALLEL_DEGREE = 2
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,5 +39,5 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit()
+estimator.fit(inputs={"train": str(CORPUS)})
 print(f"Model artifacts: {estimator.model_data}")

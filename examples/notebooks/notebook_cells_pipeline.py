@@ -68,7 +68,7 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit(logs=False)
+estimator.fit(inputs={"train": str(EXAMPLES / "data" / "corpus")}, logs=False)
 print(estimator.latest_training_job.status, "- model:", estimator.model_data)
 '''),
     ("md", """

@@ -24,6 +24,7 @@ from meshtrain import Estimator, JobFailedError
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
+CORPUS = ROOT / "examples" / "data" / "corpus"  # the quickstart's `train` channel
 SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
 TWO_BY_TWO = {"torch_distributed": {"enabled": True, "processes_per_host": 2}}
 QUICKSTART_DISTRIBUTION = {**TWO_BY_TWO, "smdistributed": {"modelparallel": {
@@ -43,7 +44,7 @@ def run_quickstart(instance_type: str, options: dict) -> tuple[float, float, dic
                           instance_count=2, hyperparameters={"steps": 4, "lr": 3e-3},
                           distribution=QUICKSTART_DISTRIBUTION, environment=ENV, **options)
     start = time.monotonic()
-    job = estimator.fit(wait=False)
+    job = estimator.fit(inputs={"train": str(CORPUS)}, wait=False)
     first_step = None
     while first_step is None and job.describe()["TrainingJobStatus"] == "InProgress":
         if any(LOSS.search(line) for line in job.log_lines()):

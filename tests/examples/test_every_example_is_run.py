@@ -23,6 +23,7 @@ _NB = "tests/examples/test_notebooks.py::"
 # named without its parameters
 RUNNERS = {
     "activation_checkpointing": _EX + "test_activation_checkpointing_and_offloading",
+    "data": "tests/examples/test_corpus.py::test_the_corpus_is_the_generators_output",
     "fault_tolerance": _EX + "test_fault_tolerance_example",
     "kubernetes": _EX + "test_kubernetes_manifest_is_valid_for_kubectl",
     "llama_context": "tests/examples/test_example_llama_context.py::test_llama_context_parallel",

@@ -28,6 +28,7 @@ from meshtrain.contract.metrics import STANDARD_METRICS, parse_metric_records
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+CORPUS = EXAMPLES / "data" / "corpus"  # the examples' `train` channel
 RANK_ZERO = "[algo-1 rank 0] "
 
 
@@ -116,19 +117,23 @@ def _load_example(name: str):
     return module
 
 
-def one_process_pipeline_losses(steps: int) -> list[float]:
-    """The llama_pipeline example's model, data and optimizer in this process, unsplit."""
+def one_process_losses(name: str, *, global_batch: int, seq_len: int,
+                       steps: int) -> list[float]:
+    """Example `name`'s model, optimizer and data in this process, unsplit: the same loader
+    over the corpus its launch.py gives as the `train` channel, read by one rank."""
     import torch
     from transformers import LlamaForCausalLM
 
-    train = _load_example("llama_pipeline")
+    from meshtrain_runtime.data import loader
+
+    train = _load_example(name)
+    data = loader(CORPUS, global_batch_size=global_batch, seq_len=seq_len, steps=steps)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(train.tiny_config())
+    model = LlamaForCausalLM(train.tiny_config(data.vocab_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
-    for step in range(steps):
-        batch = train.global_batch(step, 8, 32)
-        loss = train.loss_fn(model(batch[:, :-1]).logits, batch[:, 1:])
+    for inputs, targets in data:
+        loss = train.loss_fn(model(inputs).logits, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -149,7 +154,7 @@ def test_llama_pipeline_parallel(tmp_path):
     stdout = run_example("llama_pipeline/launch.py", tmp_path, "--timeline-step", "4")
     assert "layout: pp=2 x dp=2 (full_shard within each stage)" in stdout
     values = check_training(stdout, steps=8, drop=0.85)
-    reference = one_process_pipeline_losses(8)
+    reference = one_process_losses("llama_pipeline", global_batch=8, seq_len=32, steps=8)
     assert max(abs(a - b) for a, b in zip(values, reference, strict=True)) <= 1e-5, (
         values, reference)
     (model,) = artifacts(stdout)

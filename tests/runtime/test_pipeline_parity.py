@@ -5,11 +5,13 @@ tests/runtime/workers/pipeline_parity.py trains a tiny HF Llama and a GPT-2-styl
 head, a residual around the block list and code between blocks) with
 ``meshtrain_runtime.forward_backward`` under every layout below (torch's GPipe, 1F1B,
 Interleaved1F1B, LoopedBFS, InterleavedZeroBubble and ZBVZeroBubble at pp2; pp4; pp2 x dp2
-sharded; pp2 x tp2; pp2 + checkpointing; explicit split points), HF Mistral with a 3-token
-sliding window and HF Mixtral at pp2, and Mixtral at pp2 x ep2; it reports losses and clip
-norms per step, which the tests compare with a single-process run of the same model, seed and
-global batch. Every rank also reports transform()'s refusal of each model that cannot be split.
-pp2 + compile (1F1B, the HF Llama and the GPT-2-style module) runs in a second launch.
+sharded; pp2 x tp2; pp2 + checkpointing: full and selective under 1F1B, full under
+ZBVZeroBubble's split backward, which recomputes each block twice; explicit split points), HF
+Mistral with a 3-token sliding window and HF Mixtral at pp2, and Mixtral at pp2 x ep2; it
+reports losses and clip norms per step, which the tests compare with a single-process run of
+the same model, seed and global batch. Every rank also reports transform()'s refusal of each
+model that cannot be split. pp2 + compile (1F1B, the HF Llama and the GPT-2-style module) runs
+in a second launch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ NORM = 1e-4  # relative: the whole model's clip norm, summed in another order ov
 WORKER = Path(__file__).parent / "workers" / "pipeline_parity.py"
 LAYOUTS = ["gpipe_pp2", "1f1b_pp2", "interleaved_pp2", "looped_bfs_pp2", "interleaved_zb_pp2",
            "zbv_pp2", "1f1b_pp2_dp2_sharded",
-           "1f1b_pp4", "1f1b_pp2_checkpointing", "1f1b_pp2_tp2", "1f1b_pp2_split_points"]
+           "1f1b_pp4", "1f1b_pp2_checkpointing", "1f1b_pp2_selective", "zbv_pp2_checkpointing",
+           "1f1b_pp2_tp2", "1f1b_pp2_split_points"]
 MODELS = ["llama", "gpt"]
 CASES = [(layout, model) for layout in LAYOUTS for model in MODELS] + [
     ("1f1b_pp2", "mistral_window"), ("1f1b_pp2", "mixtral"), ("1f1b_pp2_ep2", "mixtral")]

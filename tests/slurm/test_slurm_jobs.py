@@ -33,6 +33,7 @@ from meshtrain.contract.errors import JobFailedError
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.e2e]
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+CORPUS = QUICKSTART.parent / "data" / "corpus"  # the quickstart's `train` channel
 SCRIPTS = Path(__file__).parent / "scripts"
 EXAMPLE = QUICKSTART.parent / "slurm" / "launch.py"
 STEPS = 4
@@ -76,7 +77,7 @@ def _quickstart_runs(home: Path, tmp_path_factory) -> dict:
         time.sleep(0.2)
     by_hand = _render(jobs_dir, tmp_path_factory.mktemp("render"))
     local = quickstart("local", jobs_dir)
-    local.fit(wait=True, job_name="on-local")
+    local.fit(inputs={"train": str(CORPUS)}, wait=True, job_name="on-local")
     output, _ = example.communicate(timeout=600)
     SlurmBackend(jobs_dir=jobs_dir).attach(by_hand).wait(logs=False)
     return {"jobs_dir": jobs_dir, "example": (example.returncode, output), "local": local,
@@ -93,6 +94,7 @@ def _render(jobs_dir: Path, out: Path) -> str:
         code = cli_main(["slurm", "render", "train.py", "--source-dir", str(QUICKSTART),
                          "--instance-count", "2", "--distribution", json.dumps(DISTRIBUTION),
                          "--hyperparameters", json.dumps({"steps": STEPS, "lr": 3e-3}),
+                         "--input", f"train={CORPUS}",
                          "--job-name", "by-hand", "--jobs-dir", str(jobs_dir)])
     assert code == 0, buffer.getvalue()
     script = out / "job.sbatch"

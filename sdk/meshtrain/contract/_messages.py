@@ -58,7 +58,8 @@ def config_error_from(
             allowed = ", ".join(sorted(known_keys.get(parent, ())))
             lines.append(f"{where}: unknown key.{hint} Allowed keys: {allowed}.")
         else:
-            msg = item["msg"].removeprefix("Value error, ")
+            # a validator's message may end in a period: the line adds exactly one
+            msg = item["msg"].removeprefix("Value error, ").rstrip(".")
             given = "" if item["type"] == "value_error" else f" (got {_short(item.get('input'))})"
             lines.append(_sentence(f"{where}: {msg}{given}"))
     return ConfigError("Invalid distribution: " + " ".join(lines))

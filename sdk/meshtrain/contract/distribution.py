@@ -16,13 +16,22 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import DEFAULT_REPLICA_GROUP_RESTARTS, FaultTolerance
 from meshtrain.contract.pipeline_checks import (
     SINGLE_STAGE_SCHEDULES,
+    ZERO_BUBBLE_SCHEDULES,
     check_pipeline,
     default_microbatches,
 )
@@ -32,6 +41,8 @@ ShardingStrategy = Literal[
 ]
 MixedPrecision = Literal["bf16", "fp16", "fp32"]
 CpCommType = Literal["p2p", "all_gather", "a2a"]
+CheckpointingPolicy = Literal["full", "selective"]
+CHECKPOINTING_POLICIES: tuple[str, ...] = ("full", "selective")
 PipelineSchedule = Literal[
     "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"
 ]
@@ -55,8 +66,11 @@ class SMPParameters(_Strict):
     expert_parallel_degree: int = Field(1, ge=1)
     random_seed: int | None = None
     # --- meshtrain extensions ---
-    activation_checkpointing: bool = False
-    """Checkpoint every transformer block (or every n-th, see the interval)."""
+    activation_checkpointing: bool | CheckpointingPolicy = False
+    """Checkpoint transformer blocks (every one, or every n-th: see the interval). True or
+    "full": a block keeps only its inputs and recomputes everything in backward; "selective"
+    (op-level): it also keeps the outputs of its matmuls and fused attention and recomputes
+    only the cheap ops between them (norms, activations, rotary embeddings)."""
     activation_checkpointing_interval: int = Field(1, ge=1)
     """With checkpointing on, checkpoint blocks 0, n, 2n, ... (1 = every block)."""
     activation_offloading: bool = False
@@ -116,9 +130,31 @@ class SMPParameters(_Strict):
         self._check_context_combinations()
         self._check_expert_and_sequence_parallel()
         self._check_offloading()
+        self._check_selective_vs_split_backward()
         self._check_strategy_vs_degree()
         check_pipeline(self)
         return self
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _check_checkpointing_policy(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value in CHECKPOINTING_POLICIES:
+            return value
+        close = did_you_mean(value, CHECKPOINTING_POLICIES) if isinstance(value, str) else ""
+        hint = f" ({close.strip().rstrip('?').lower()}?)" if close else ""
+        raise ValueError(
+            f"activation_checkpointing={value!r} is not a checkpointing policy{hint}. Use True "
+            "(or 'full') to recompute whole blocks, 'selective' to keep their matmul and "
+            "attention outputs and recompute the rest, or False."
+        )
+
+    @property
+    def checkpointing_policy(self) -> Literal["none", "full", "selective"]:
+        """``activation_checkpointing`` as a policy name ("none" when it is off)."""
+        value = self.activation_checkpointing
+        if value is True:
+            return "full"
+        return value or "none"
 
     @property
     def stages_per_rank(self) -> int:
@@ -179,6 +215,18 @@ class SMPParameters(_Strict):
                 "activation_offloading=True offloads the inputs of checkpointed blocks, but "
                 "activation_checkpointing is False. Set activation_checkpointing=True as well."
             )
+
+    def _check_selective_vs_split_backward(self) -> None:
+        schedule = self.pipeline_schedule
+        if (self.checkpointing_policy == "selective" and self.pipeline_parallel_degree > 1
+                and schedule in ZERO_BUBBLE_SCHEDULES):
+            raise ValueError(
+                f"activation_checkpointing='selective' with pipeline_schedule={schedule!r}: "
+                "the zero-bubble schedules split each block's backward in two passes (input, "
+                "then weight gradients), each recomputing the block, and torch's selective "
+                "checkpointing hands its kept outputs to one recompute only. Use "
+                "activation_checkpointing=True (it recomputes twice), or '1F1B' / "
+                "'Interleaved1F1B'.")
 
     def _check_strategy_vs_degree(self) -> None:
         strategy, hsd = self.sharding_strategy, self.hybrid_shard_degree
@@ -412,6 +460,8 @@ _KNOWN_KEYS = {
 _KNOWN_KEYS_BARE = {"": list(SMPParameters.model_fields)}
 
 __all__ = [
+    "CHECKPOINTING_POLICIES",
+    "CheckpointingPolicy",
     "DistributionConfig",
     "ModelParallel",
     "SMDistributed",

@@ -47,6 +47,11 @@ LAYOUTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "1f1b_pp2_dp2_sharded": ({"microbatches": 2, "hybrid_shard_degree": 2}, BOTH),
     "1f1b_pp4": ({"pipeline_parallel_degree": 4, "microbatches": 4}, BOTH),
     "1f1b_pp2_checkpointing": ({"microbatches": 2, "activation_checkpointing": True}, BOTH),
+    "1f1b_pp2_selective": ({"microbatches": 2, "activation_checkpointing": "selective"}, BOTH),
+    # ZBVZeroBubble's split backward recomputes each block twice
+    "zbv_pp2_checkpointing": ({"pipeline_schedule": "ZBVZeroBubble", "microbatches": 2,
+                               "hybrid_shard_degree": 1, "activation_checkpointing": True},
+                              BOTH),
     "1f1b_pp2_tp2": ({"microbatches": 2, "tensor_parallel_degree": 2}, BOTH),
     "1f1b_pp2_split_points": ({"microbatches": 2, "pipeline_split_points": [1],
                                "hybrid_shard_degree": 2}, BOTH),

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
-from meshtrain_runtime.checkpoint import marker_record, write_marker
+from meshtrain_runtime.checkpoint.sharded import marker_record, write_marker
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     check_local,
     group_coordinator,
