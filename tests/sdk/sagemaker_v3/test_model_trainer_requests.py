@@ -17,8 +17,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from v3_cells import CELLS, DATA_BUCKET, DEFAULT_BUCKET, REGION, make_files, prelude
 from sdk_v3_env import sdk_environment, sdk_python
+from v3_cells import CELLS, DATA_BUCKET, DEFAULT_BUCKET, REGION, make_files, prelude
 
 RUNNER = Path(__file__).resolve().parent / "sdk_cells_runner.py"
 JOB = "<job>"

@@ -16,8 +16,8 @@ import subprocess
 
 import boto3
 import pytest
-from v3_cells import DATA_BUCKET, REGION, ROLE
 from test_sagemaker_container_entry import free_port, lay_out_host  # conftest's path
+from v3_cells import DATA_BUCKET, REGION, ROLE
 
 from meshtrain.sagemaker.train import ModelTrainer
 from meshtrain.sagemaker.train.configs import Compute, InputData, SourceCode
