@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -70,13 +73,76 @@ def other_user_python() -> str:
 def meshtrain_as_other_user(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """`meshtrain ARGV` as OTHER_USER, importing this checkout and this environment's
     packages (an editable install's path hook is read only by its own interpreter)."""
+    require_other_user()
+    return as_other_user(other_user_python(), "-m", "meshtrain.cli", *argv,
+                         env={**env, "PYTHONPATH": _import_path_for_other_user()})
+
+
+_CLI_MODULES = """
+import json, os, runpy, sys, tempfile
+os.environ["MESHTRAIN_HOME"] = tempfile.mkdtemp()
+for command in ("stop", "rm"):
+    sys.argv = ["meshtrain", command, "--backend", "local", "no-such-job"]
+    try:
+        runpy.run_module("meshtrain.cli", run_name="__main__")
+    except SystemExit:
+        pass
+print(json.dumps(sorted({m.__spec__.origin for m in list(sys.modules.values())
+                         if getattr(m, "__spec__", None) and m.__spec__.origin})))
+"""
+
+
+@functools.cache
+def _import_path_for_other_user() -> str:
+    """PYTHONPATH for OTHER_USER: the checkout's sdk/ and this environment's packages, or, when
+    they lie under a directory OTHER_USER cannot enter (a 0700 temporary directory or home),
+    hard links of the packages `meshtrain stop` / `rm` import, in a directory it can."""
     import meshtrain
 
-    require_other_user()
+    sdk = Path(meshtrain.__file__).parents[1]
+    packages = [Path(path) for path in site.getsitepackages()]
+    path = [str(p) for p in [sdk, *packages]]
+    if len(_opened_by_other_user(path)) == len(path):
+        return os.pathsep.join(path)
+    staged = Path(tempfile.mkdtemp(prefix="meshtrain-other-user-"))
+    atexit.register(shutil.rmtree, staged, ignore_errors=True)
+    staged.chmod(0o755)
+    done = subprocess.run([sys.executable, "-c", _CLI_MODULES], capture_output=True,
+                          text=True, timeout=120, check=True)
+    for origin in map(Path, json.loads(done.stdout.splitlines()[-1])):
+        for root in [sdk, *packages]:
+            if origin.is_relative_to(root):
+                top = root / origin.relative_to(root).parts[0]
+                _link_tree(top, staged / top.name)
+    return str(staged)
 
-    paths = [str(Path(meshtrain.__file__).parents[1]), *site.getsitepackages()]
-    return as_other_user(other_user_python(), "-m", "meshtrain.cli", *argv,
-                         env={**env, "PYTHONPATH": os.pathsep.join(paths)})
+
+def _link_tree(source: Path, target: Path) -> None:
+    """`source` (a package directory or a module file) at `target`, readable by everyone: hard
+    links of the files others may read (no copy of a large package), copies of the rest."""
+    if target.exists():
+        return
+    def link(src: str, dst: str) -> None:
+        if os.stat(src).st_mode & stat.S_IROTH:
+            with contextlib.suppress(OSError):
+                os.link(src, dst)
+                return
+        shutil.copy2(src, dst)
+        os.chmod(dst, 0o644)
+    if source.is_dir():
+        shutil.copytree(source, target, copy_function=link,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for directory in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+            directory.chmod(0o755)
+    else:
+        link(str(source), str(target))
+
+
+def _opened_by_other_user(paths: list[str]) -> list[str]:
+    """Those of `paths` OTHER_USER can open (a file) or list (a directory)."""
+    done = as_other_user(other_user_python(), "-c", _TRY_EACH, stdin=json.dumps(paths))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def every_path(root: Path) -> list[Path]:
@@ -90,10 +156,7 @@ def every_path(root: Path) -> list[Path]:
 def readable_by_other_user(root: Path) -> list[str]:
     """The paths under `root` that OTHER_USER can open (a file) or list (a directory)."""
     require_other_user()
-    paths = [str(path) for path in every_path(root)]
-    done = as_other_user(other_user_python(), "-c", _TRY_EACH, stdin=json.dumps(paths))
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return _opened_by_other_user([str(path) for path in every_path(root)])
 
 
 def open_modes(root: Path) -> list[str]:

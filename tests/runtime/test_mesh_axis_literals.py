@@ -20,6 +20,7 @@ ALLOWED = {
     ("parallel/plans/resolve.py", "replicate"): "a tensor-parallel style name",
     ("parallel/plans/styles.py", "replicate"): "a tensor-parallel style name",
     ("parallel/plans/regions.py", "replicate"): "a tensor-parallel style name",
+    ("fault/records.py", "replica"): "a records file's kind (replica-<g>.jsonl), not an axis",
 }
 
 

@@ -265,15 +265,16 @@ def check_training_job(spec: JobSpec, target: Target, options: SageMakerOptions,
     check_role(spec.role)
     check_instances(spec, target)
     check_stopping(spec)
-    check_restarts_supported(spec.distribution_config().torch_distributed.max_restarts,
-                             "SageMaker")
-    check_stop_grace_supported(spec.distribution_config().torch_distributed.stop_grace_seconds,
-                               "SageMaker", SAGEMAKER_STOP_GRACE_SECONDS)
-    fault_tolerance = spec.distribution_config().torch_distributed.fault_tolerance
+    torch_distributed = spec.distribution_config().torch_distributed
+    # Fault tolerance first: its default restarts would otherwise be refused as if asked for.
+    fault_tolerance = torch_distributed.fault_tolerance
     check_fault_tolerance_supported(
         fault_tolerance.replica_groups if fault_tolerance else None, "SageMaker",
         "a SageMaker training job restarts or fails as a whole (no API restarts some of its "
         "instances), and meshtrain cannot start torchft's lighthouse beside it")
+    check_restarts_supported(torch_distributed.max_restarts, "SageMaker")
+    check_stop_grace_supported(torch_distributed.stop_grace_seconds,
+                               "SageMaker", SAGEMAKER_STOP_GRACE_SECONDS)
     check_resources(spec, target, region)
     check_locations(spec, options)
     check_environment(spec.environment)
