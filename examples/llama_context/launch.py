@@ -23,6 +23,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="llama-context",  # names the jobs llama-context-<time>
     instance_type="local",  # "ml.p4d.24xlarge" on SageMaker (8 GPUs per host)
     instance_count=1,
     hyperparameters={"steps": args.steps, "lr": 1e-2, "global-batch": 4, "seq-len": 64},

@@ -26,6 +26,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="llama-tp-hsdp",  # names the jobs llama-tp-hsdp-<time>
     instance_type="local",  # "ml.p4d.24xlarge" on SageMaker (8 GPUs per host)
     instance_count=2,
     hyperparameters={"steps": args.steps, "lr": 1e-2, "global-batch": 8},

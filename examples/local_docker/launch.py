@@ -27,6 +27,7 @@ def run(instance_type: str, image: str | None) -> list[float]:
     estimator = Estimator(
         entry_point="train.py",
         source_dir=str(QUICKSTART),
+        base_job_name=f"quickstart-{instance_type.replace('_', '-')}",
         instance_type=instance_type,
         instance_count=2,
         image_uri=image,

@@ -94,6 +94,7 @@ hosts (on SageMaker every GPU gets one process). `hybrid_shard_degree=2` shards 
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(EXAMPLES / "quickstart"),
+    base_job_name="quickstart-notebook",
     instance_type="local",          # "ml.p4d.24xlarge" (with a role) runs on SageMaker
     instance_count=2,
     hyperparameters={"steps": 20, "lr": 3e-3},

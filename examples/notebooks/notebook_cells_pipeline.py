@@ -53,6 +53,7 @@ STEPS, TIMELINE_STEP = 8, 4
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(SOURCE),
+    base_job_name="llama-pipeline-notebook",
     instance_type="local",          # "ml.p4d.24xlarge" (with a role) runs on SageMaker
     instance_count=2,
     hyperparameters={"steps": STEPS, "lr": 1e-2, "global-batch": 8,

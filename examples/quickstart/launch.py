@@ -16,6 +16,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # train.jsonl:
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="quickstart",  # names the jobs quickstart-<time>
     instance_type="local",
     instance_count=2,
     hyperparameters={"steps": 20, "lr": 3e-3},

@@ -76,9 +76,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
-        log_metric("train:loss", losses[-1], step=step)  # a SageMaker metric line
-        if state.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
-            print(f"step {step} loss {losses[-1]:.4f}", flush=True)
+        log_metric("train:loss", losses[-1], step=step)  # the step's one line: SageMaker's metric
 
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                    cpu_offload=True))

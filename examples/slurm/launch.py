@@ -23,6 +23,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).resolve().parents[1] / "quickstart"),
+    base_job_name="quickstart-slurm",  # unless --job-name names it
     instance_type="slurm",
     instance_count=2,  # two Slurm nodes: algo-1 on the first, algo-2 on the second
     partition=args.partition,

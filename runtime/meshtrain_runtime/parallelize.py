@@ -21,7 +21,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.mesh_axes import MeshAxis
+from meshtrain.contract.mesh_axes import MeshAxis, describe_mesh
+from meshtrain.contract.phases import Phase
 from meshtrain.contract.support import check_build_support
 from meshtrain_runtime import fault
 from meshtrain_runtime import state as runtime_state
@@ -32,6 +33,7 @@ from meshtrain_runtime.delayed_init import (
     load_from_rank0,
     materialize_sharded,
 )
+from meshtrain_runtime.host.phases import announce_on_rank_zero
 from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.activations import (
     apply_activation_checkpointing,
@@ -64,6 +66,7 @@ from meshtrain_runtime.parallel.pipeline import (
     plan_pipeline,
 )
 from meshtrain_runtime.parallel.quiet import (
+    quiet_expert_gather_advice,
     quiet_pipeline_stage_view_warnings,
     quiet_tensor_parallel_view_warnings,
 )
@@ -106,6 +109,7 @@ def transform(
     Create the optimizer after `transform` (its parameters are the sharded DTensors).
     """
     st = runtime_state.current()
+    announce_on_rank_zero(Phase.TRANSFORM, f"{type(model).__name__} on {describe_mesh(st.degrees)}")
     moe_config = _resolve_moe_config(moe_config, config)
     _check_request(model, st, device, load_state_dict_from_rank0)
     context = ContextSettings(
@@ -202,6 +206,7 @@ def _apply_data_parallel(
     if not uses_fsdp(st, options):
         return model
     if st.expert_mesh is not None:  # experts first: the block-level groups then skip them
+        quiet_expert_gather_advice()  # their full-tensor gathers: see quiet.py
         expert_mesh = expert_data_parallel_mesh(st.expert_mesh, st.replicate_degree)
         shard_experts_with_fsdp(
             model,

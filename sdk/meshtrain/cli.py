@@ -13,6 +13,7 @@ from meshtrain.cli_jobs import add_job_commands
 from meshtrain.cli_slurm import register as register_slurm
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.hyperparameters import decode_hyperparameters
+from meshtrain.job import was_reported
 from meshtrain.pipes import drop_output_to_closed_pipes, send_closed_pipes_to_devnull
 from meshtrain.plan.cli import register as register_plan
 
@@ -157,9 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobFailedError as error:
         print(f"meshtrain: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # fit() has already said what it did with the job
-        with drop_output_to_closed_pipes():
-            print("meshtrain: interrupted", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as interrupt:  # following a job: it said what it did, in a line
+        if not was_reported(interrupt):
+            with drop_output_to_closed_pipes():
+                print("meshtrain: interrupted", file=sys.stderr, flush=True)
         return 130
     except BrokenPipeError:  # the reader went away (`meshtrain status JOB | head -1`)
         send_closed_pipes_to_devnull()

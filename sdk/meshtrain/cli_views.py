@@ -13,6 +13,7 @@ from typing import Any
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob, stop_reason
+from meshtrain.job_layout import layout_rows
 
 FOLLOW_POLL_SECONDS = 0.5
 # Every line of a job's merged log starts with its source: "[algo-2] " (the host's bootstrap) or
@@ -136,15 +137,18 @@ def _status_text(description: dict[str, Any]) -> str:
 
 
 def describe_job(description: dict[str, Any]) -> None:
-    """Print a job's description for people: what, how it ended and why, when, where."""
+    """Print a job's description for people: what, how it ended and why, its layout (script,
+    hosts x processes, mesh), when, where."""
     resources = description.get("ResourceConfig") or {}
     end = description.get("TrainingEndTime")
+    layout = description.get("Layout")
     rows = [
         ("Job", description["TrainingJobName"]),
         ("Status", _status_text(description)),
         ("Reason", (description.get("FailureReason") or "").strip()),
         ("Instances", f"{resources.get('InstanceCount', '?')} x "
                       f"{resources.get('InstanceType', '?')}" if resources else ""),
+        *(layout_rows(layout) if layout else []),
         ("Image", (description.get("AlgorithmSpecification") or {}).get("TrainingImage", "")),
         ("Created", when_text(description.get("CreationTime"))),
         ("Training", duration_text(description.get("TrainingStartTime"), end or time.time())

@@ -115,7 +115,7 @@ def test_the_estimator_refuses_before_launch(tmp_path):
         Estimator("train.py", source_dir=str(tmp_path), instance_count=2, jobs_dir=str(jobs),
                   distribution=smp(ppn=2, pipeline_parallel_degree=2, microbatches=1))
     with pytest.raises(ConfigError, match="pipeline_parallel_degree=4 does not divide world "
-                                          r"size 2 \(1 hosts x 2 processes\)"):
+                                          r"size 2 \(1 host x 2 processes\)"):
         Estimator("train.py", source_dir=str(tmp_path), jobs_dir=str(jobs),
                   distribution=smp(ppn=2, pipeline_parallel_degree=4, microbatches=4))
     assert not jobs.exists()

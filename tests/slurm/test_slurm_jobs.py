@@ -149,7 +149,8 @@ def test_slurm_jobs_are_listed_and_found_by_name(quickstart_runs, capsys):
     assert cli_main(["logs", "on-slurm", "--jobs-dir", jobs_dir]) == 0
     shown = capsys.readouterr().out
     assert shown == (quickstart_runs["jobs_dir"] / "on-slurm" / "job.log").read_text()
-    assert "[algo-1 rank 0] step 0 loss" in shown
+    assert re.search(r"^\[algo-1 rank 0\] \[meshtrain metric\] train:loss=\S+ step=0$", shown,
+                     re.MULTILINE), shown
 
 
 def test_a_slurm_jobs_files_on_the_shared_directory_are_its_owners_alone(quickstart_runs):

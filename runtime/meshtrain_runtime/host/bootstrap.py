@@ -35,11 +35,13 @@ from meshtrain.contract.failures import (
     write_host_record,
 )
 from meshtrain.contract.paths import OptMLPaths
+from meshtrain.contract.phases import Phase
 from meshtrain.contract.private_files import restrict_umask
 from meshtrain_runtime.host import rendezvous
 from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
 from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
 from meshtrain_runtime.host.lifeline import die_with_parent
+from meshtrain_runtime.host.phases import announce
 from meshtrain_runtime.host.provision import ProvisionError, provision_code
 from meshtrain_runtime.host.watchdog import HANG_TIMEOUT_ENV
 
@@ -80,6 +82,16 @@ def build_command(contract: HostContract, script: Path, log_dir: Path | None = N
                         "--node-rank", str(contract.node_rank)]
     log_dir = log_dir or host_work_dir(contract.paths) / "torchrun"
     return [*command, "--tee", "3", "--log-dir", str(log_dir), *wrapped]
+
+
+def launch_text(contract: HostContract) -> str:
+    """What this host starts, for its launch phase line."""
+    hosts = len(contract.world_hosts)
+    if not contract.torch_distributed:
+        return f"{contract.current_host} runs {contract.entry_point} (one process)"
+    return (f"{contract.current_host} starts torchrun: {contract.processes_per_host} "
+            f"process{'es' if contract.processes_per_host != 1 else ''} on each of {hosts} "
+            f"host{'s' if hosts != 1 else ''}")
 
 
 def _rendezvous_name(contract: HostContract) -> str:
@@ -243,6 +255,7 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
         elastic = rendezvous.elastic_arguments(os.environ, _rendezvous_name(contract),
                                                len(contract.world_hosts))
         rendezvous.wait_until_resolvable(rendezvous.endpoint_host(elastic, contract.master_addr))
+    announce(Phase.LAUNCH, launch_text(contract))
     code, tail = run_streaming(command, build_environment(contract, error_dir),
                                contract.code_dir, forwarder)
     if code == 0 and forwarder.received is None:

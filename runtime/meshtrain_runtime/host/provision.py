@@ -11,7 +11,9 @@ from pathlib import Path
 
 from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.archive import UnsafeArchiveError, safe_extract
+from meshtrain.contract.phases import Phase
 from meshtrain_runtime.host.contract import HostContract
+from meshtrain_runtime.host.phases import announce
 from meshtrain_runtime.host.requirements import ProvisionError, activate, requirements_environment
 
 
@@ -51,5 +53,6 @@ def provision_code(contract: HostContract) -> Path:
         raise ProvisionError(f"entry point {contract.entry_point!r} is not in {code_dir}")
     requirements = contract.requirements_file
     if requirements is not None and requirements.is_file():
+        announce(Phase.REQUIREMENTS, f"{contract.current_host} installs requirements.txt")
         activate(requirements_environment(requirements))
     return script

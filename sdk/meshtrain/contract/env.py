@@ -53,6 +53,9 @@ MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks lea
 MESHTRAIN_ATTEMPT = "MESHTRAIN_ATTEMPT"  # 1, then 2, 3 ... when a job's hosts are restarted
 MESHTRAIN_STOP_GRACE_SECONDS = "MESHTRAIN_STOP_GRACE_SECONDS"  # SIGTERM -> SIGKILL on a stop
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
+# The user's source_dir (the folder the code dir was packed from) where it is on the client's
+# machine: tracebacks name the user's files, not the job's copy in /opt/ml/code
+MESHTRAIN_SOURCE_DIR = "MESHTRAIN_SOURCE_DIR"
 # fault tolerance (torch_distributed.fault_tolerance): each replica group is its own torchrun
 # world; the backend tells every host (and so every rank) which group it is and where the
 # torchft lighthouse listens

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from meshtrain.contract._messages import divisors
+from meshtrain.contract._messages import divisors, hosts_and_processes
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import SMPParameters
 from meshtrain.contract.errors import ConfigError
@@ -227,7 +227,7 @@ def _with_precision(training: Training, parameters: SMPParameters) -> Training:
 
 
 def _world(cluster: Cluster) -> str:
-    return f"{cluster.num_nodes} hosts x {cluster.ranks_per_node} processes"
+    return hosts_and_processes(cluster.num_nodes, cluster.ranks_per_node)
 
 
 @dataclass(frozen=True)

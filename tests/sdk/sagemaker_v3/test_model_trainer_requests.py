@@ -1,6 +1,6 @@
 """meshtrain's ModelTrainer sends SageMaker the CreateTrainingJob the real SDK v3 sends.
 
-Each notebook cell of cells.py runs twice against moto over HTTP: once with the real
+Each notebook cell of v3_cells.py runs twice against moto over HTTP: once with the real
 SageMaker Python SDK 3.27.0 (its own environment, a subprocess: sdk_v3_env.py), once here with
 the import line switched to `meshtrain.sagemaker`. The two requests must be equal field by field
 once the job names (a timestamp each) are put aside, the container start and the `sm_drivers`
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from cells import CELLS, DATA_BUCKET, DEFAULT_BUCKET, REGION, make_files, prelude
+from v3_cells import CELLS, DATA_BUCKET, DEFAULT_BUCKET, REGION, make_files, prelude
 from sdk_v3_env import sdk_environment, sdk_python
 
 RUNNER = Path(__file__).resolve().parent / "sdk_cells_runner.py"

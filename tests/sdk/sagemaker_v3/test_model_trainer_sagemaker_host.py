@@ -16,7 +16,7 @@ import subprocess
 
 import boto3
 import pytest
-from cells import DATA_BUCKET, REGION, ROLE
+from v3_cells import DATA_BUCKET, REGION, ROLE
 from test_sagemaker_container_entry import free_port, lay_out_host  # conftest's path
 
 from meshtrain.sagemaker.train import ModelTrainer

@@ -24,7 +24,7 @@ from meshtrain.backends.docker.engine import (
     remove_job_resources,
     stop_job_containers,
 )
-from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, source_root
 from meshtrain.backends.hosts.processes import terminate_groups
 from meshtrain.backends.hosts.supervisor import STOP_GRACE_SECONDS, HostSupervisor, supervise
 from meshtrain.contract import env as names
@@ -36,11 +36,12 @@ CLI_GRACE_SECONDS = 10.0
 
 def host_environment(spec: JobSpec, job_dir: JobDirectory, attempt: int) -> dict[str, str]:
     """What every container gets beside the contract's names (containers.container_environment):
-    the user's environment, the job's one checkpoint folder (mounted at the same path) and the
-    attempt number of a restarted job."""
+    the user's environment, the job's one checkpoint folder (mounted at the same path), the
+    attempt number of a restarted job and the source folder its tracebacks name."""
     return {**spec.environment,
             names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
-            names.MESHTRAIN_ATTEMPT: str(attempt)}
+            names.MESHTRAIN_ATTEMPT: str(attempt),
+            names.MESHTRAIN_SOURCE_DIR: source_root(spec)}
 
 
 class DockerSupervisor(HostSupervisor):

@@ -23,7 +23,8 @@ from meshtrain.backends.hosts.s3_staging import read_destinations
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.contract.private_files import check_owned, owner_uid
 from meshtrain.display import JobDisplay, host_index, make_display
-from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob, reported_interrupt, say_on_stderr
+from meshtrain.job_layout import layout_of_spec
 from meshtrain.pipes import drop_output_to_closed_pipes
 from meshtrain.progress import total_steps_from
 
@@ -38,11 +39,18 @@ class HostTrainingJob(TrainingJob):
         super().__init__(job_name)
         self.job_dir = job_dir
         self._log_offset = 0
+        self._layout: dict[str, Any] | None = None
 
     @property
     def token(self) -> str:
         """The token every process of this job carries (MESHTRAIN_JOB_TOKEN)."""
         return self.job_dir.read_token()
+
+    def log_location(self) -> str:
+        return str(self.job_dir.log_file)
+
+    def stop_hint(self) -> str:
+        return f"Ctrl-C or meshtrain stop {self.job_name}"
 
     @property
     def owner_uid(self) -> int:
@@ -112,14 +120,21 @@ class HostTrainingJob(TrainingJob):
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
                 status = self._record_end_of_dead_supervisor()
         spec = self.job_dir.read_spec()
-        return _description(spec, self.job_dir, status)
+        return {**_description(spec, self.job_dir, status), "Layout": self.layout(spec)}
+
+    def layout(self, spec: JobSpec | None = None) -> dict[str, Any]:
+        """describe()["Layout"] (meshtrain.job_layout), worked out once per handle."""
+        if self._layout is None:
+            self._layout = layout_of_spec(spec or self.job_dir.read_spec())
+        return self._layout
 
     def summary(self) -> dict[str, Any]:
-        """What a listing shows: the status file, checked like describe() while running."""
+        """What a listing shows: the status file (checked like describe() while running) and
+        the layout."""
         status = self.job_dir.read_status()
         if status.get("TrainingJobStatus") not in TERMINAL_STATUSES:
             status = self.describe()
-        return {"TrainingJobName": self.job_name, **status}
+        return {"TrainingJobName": self.job_name, **status, "Layout": self.layout()}
 
     def _show_new_log(self, display: JobDisplay) -> None:
         with open(self.job_dir.log_file, "rb") as log:
@@ -138,17 +153,17 @@ class HostTrainingJob(TrainingJob):
 
     def _wait(self, logs: bool) -> None:
         display = make_display(self.job_name, total_steps=total_steps_from(
-            self.job_dir.read_spec().hyperparameters)) if logs else None
+            self.job_dir.read_spec().hyperparameters), header=self.start_line()) if logs else None
         try:
             description = self._follow(display)
         except KeyboardInterrupt:
             if display is not None:
                 display.close()
-            self._stop_on_interrupt()
-            # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md); the
-            # message replaces the frames of the polling loop the user never wrote.
-            raise KeyboardInterrupt(f"training job {self.job_name} was stopped (Ctrl-C)"
-                                    ) from None
+            outcome = self._stop_on_interrupt()
+            # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md), with the
+            # one line just printed instead of the frames of a polling loop the user never wrote.
+            raise reported_interrupt(f"training job {self.job_name} was {outcome} (Ctrl-C)",
+                                     say=False) from None
         self._wait_for_supervisor_exit()  # it records the status just before it ends
         if display is not None:
             self._show_new_log(display)
@@ -167,15 +182,20 @@ class HostTrainingJob(TrainingJob):
                 return description
             time.sleep(POLL_SECONDS)
 
-    def _stop_on_interrupt(self) -> None:
-        """Ctrl-C while waiting: a local job dies with its client, and says so."""
-        print(f"\nStopping job {self.job_name} ... ", end="", flush=True)
+    def _stop_on_interrupt(self) -> str:
+        """Ctrl-C while waiting: a local job dies with its client, and says so in one line on
+        stderr (stdout may be a `| tee` the same Ctrl-C ended); returns how it ended."""
+        after_echo = "\n" if _is_terminal(sys.stderr) else ""  # the terminal's "^C"
+        say_on_stderr(f"{after_echo}meshtrain: Ctrl-C: stopping job {self.job_name} ... ")
         try:
             self.stop()
         except KeyboardInterrupt:  # a second Ctrl-C: leave the supervisor to finish it
-            print(f"still stopping in the background; see `meshtrain status {self.job_name}`")
-            return
-        print(self.job_dir.read_status().get("TrainingJobStatus", "?").lower())
+            say_on_stderr(f"still stopping in the background (meshtrain status "
+                          f"{self.job_name}).\n")
+            return "left stopping"
+        outcome = self.job_dir.read_status().get("TrainingJobStatus", "?").lower()
+        say_on_stderr(f"{outcome}; its log: meshtrain logs {self.job_name}\n")
+        return outcome
 
     def logs(self) -> None:
         """Print the job's merged log so far (every host, prefixed with its name)."""
@@ -225,6 +245,13 @@ class HostTrainingJob(TrainingJob):
         deadline = time.monotonic() + timeout
         while self._supervisor_alive() and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS / 4)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -> dict[str, Any]:

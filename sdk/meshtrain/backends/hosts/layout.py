@@ -24,6 +24,13 @@ def default_jobs_dir() -> Path:
     return meshtrain_home() / "jobs"
 
 
+def source_root(spec: JobSpec) -> str:
+    """The folder on this machine that the job's code dir is a copy of: source_dir, or the
+    script's folder when the script alone was sent (its code dir holds just the script)."""
+    source = Path(spec.source_dir)
+    return str(source.parent if source.is_file() else source)
+
+
 def local_path(uri: str) -> Path:
     """A file:// URI or a plain path as a Path."""
     return Path(uri.removeprefix("file://")).expanduser()

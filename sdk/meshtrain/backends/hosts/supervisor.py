@@ -257,8 +257,7 @@ class HostSupervisor:
 
     def run(self) -> None:
         self.job_dir.write_status(TrainingStartTime=time.time())
-        self.job_dir.add_transition("Training", "Training image download completed. Training in "
-                                                "progress.")
+        self.job_dir.add_transition("Training", TRAINING_MESSAGE)
         deadline = time.monotonic() + self.spec.max_run  # max_run counts every attempt
         if replica_groups_of(self.spec):  # each replica group fails and restarts alone
             run = FaultTolerantRun(self)
@@ -294,6 +293,11 @@ def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | 
         changes["FailureReason"] = scrub(reason, spec.environment)[:FAILURE_REASON_LIMIT]
     job_dir.write_status(**changes)
     job_dir.add_transition(status, _FINAL_MESSAGES[status])
+
+
+TRAINING_MESSAGE = "Training in progress."
+"""The Training transition of a job whose hosts run here (SageMaker's says "Training image
+download completed. Training in progress.": these hosts download no image)."""
 
 
 _FINAL_MESSAGES = {

@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 
-from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, source_root
 from meshtrain.backends.hosts.supervisor import HostSupervisor, supervise
 from meshtrain.contract import env as names
 from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
@@ -45,6 +45,7 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
         names.TRAINING_JOB_NAME: spec.job_name,
         names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
         names.MESHTRAIN_ATTEMPT: str(attempt),
+        names.MESHTRAIN_SOURCE_DIR: source_root(spec),
         "PYTHONUNBUFFERED": "1",
     })
     env.setdefault(names.MESHTRAIN_NUM_GPUS, str(local_gpu_count()))  # as the client counted

@@ -37,6 +37,7 @@ from meshtrain.backends.hosts.supervisor import (
     ALGORITHM_ERROR,
     FAILURE_REASON_LIMIT,
     STOPPED_BY_CLIENT,
+    TRAINING_MESSAGE,
     finish_job,
 )
 from meshtrain.backends.slurm.commands import (
@@ -204,8 +205,7 @@ class BatchStep:
             self.job_dir.add_transition("Training", f"Requeued by Slurm (run {restarts + 1}); "
                                                     "resuming from the checkpoint folder")
         else:
-            self.job_dir.add_transition("Training", "Training image download completed. "
-                                                    "Training in progress.")
+            self.job_dir.add_transition("Training", TRAINING_MESSAGE)
         return status["TrainingStartTime"] + self.spec.max_run
 
     def run(self) -> None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from meshtrain.backends.hosts.ft_logs import debug_log, is_torchft_debug
-from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, source_root
 from meshtrain.backends.slurm.commands import expand_nodelist, node_address
 from meshtrain.contract import env as names
 from meshtrain.contract.errors import ConfigError
@@ -72,6 +72,7 @@ def host_environment(job_dir: JobDirectory, host: str, addr: str, port: int) -> 
         names.TRAINING_JOB_NAME: spec.job_name,
         names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
         names.MESHTRAIN_ATTEMPT: os.environ.get("MESHTRAIN_ATTEMPT", "1"),
+        names.MESHTRAIN_SOURCE_DIR: source_root(spec),
         "PYTHONUNBUFFERED": "1",
     })
     return env
