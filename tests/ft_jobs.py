@@ -45,6 +45,19 @@ def job_script(path: Path) -> ModuleType:
     return module
 
 
+def loader_slice(reference: Any, step: int, dp_rank: int, dp_size: int
+                 ) -> tuple[list[int], list[list[int]]]:
+    """(sample ids, samples of seq_len + 1 tokens) of data-parallel rank `dp_rank` of `dp_size`
+    in global batch `step` of `reference`, a loader read in the test's process (dp 0 of 1)."""
+    import torch
+
+    inputs, targets = reference.batch(step)
+    per_rank = inputs.shape[0] // dp_size
+    rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+    samples = torch.cat([inputs[rows], targets[rows, -1:]], dim=1).tolist()
+    return reference.sample_ids(step)[rows].tolist(), samples
+
+
 def rank_of_group(token: str, group: int, rank: int) -> int | None:
     """The pid of group `group`'s rank `rank`, found among the job's processes."""
     for pid in rank_pids_of_job(token):

@@ -44,6 +44,7 @@ from ci_guards import import_or_skip
 from ft_jobs import (
     back_after,
     job_script,
+    loader_slice,
     rank_of_group,
     steps_after_finish,
     survivor_gaps,
@@ -145,13 +146,9 @@ def reference():
                   dp_rank=0, dp_size=1)
 
 
-def _slice(reference, step: int, dp_rank: int) -> tuple[list[int], list[list[int]]]:
+def _slice(reference: Any, step: int, dp_rank: int) -> tuple[list[int], list[list[int]]]:
     """(sample ids, samples) of dp rank `dp_rank` of GROUPS x SHARD in global batch `step`."""
-    per_rank = GLOBAL_BATCH // (GROUPS * SHARD)
-    inputs, targets = reference.batch(step)
-    rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-    samples = torch.cat([inputs[rows], targets[rows, -1:]], dim=1).tolist()
-    return reference.sample_ids(step)[rows].tolist(), samples
+    return loader_slice(reference, step, dp_rank, GROUPS * SHARD)
 
 
 def _committed(run: Run) -> dict[int, list[int]]:
@@ -255,20 +252,28 @@ def test_the_dead_groups_share_of_the_steps_it_missed_is_skipped_and_nothing_twi
     """docs/data.md's definition: committed step k trained on the slices of the groups in its
     quorum; a group missing from it has its share of global batch k skipped, read by no group
     then or later. So over the committed steps every sample of global batches 0..239 was trained
-    on once, except group 1's shares of the steps committed without it, which none was."""
+    on once, except group 1's shares of the steps committed without it, which none was. The
+    samples trained on are those the ranks say they were handed for each step they committed."""
     committed = _committed(run)
     alone = sorted(s for s, groups in committed.items() if groups == [0])
     assert alone == list(range(alone[0], run.back()["step"])) and alone[0] >= KILL_AT_STEP
+    handed = {(dp_rank, line["step"]): line["samples"] for dp_rank in range(GROUPS * SHARD)
+              for line in run.rows(dp_rank)}
     trained: Counter[int] = Counter()
     skipped: set[int] = set()
+    unsaid = []  # a killed rank may die between its step's commit and its line
     for step, groups in committed.items():
         for group in range(GROUPS):
             for shard in range(SHARD):
-                ids = _slice(reference, step, group * SHARD + shard)[0]
-                if group in groups:
+                ids, samples = _slice(reference, step, group * SHARD + shard)
+                if group in groups:  # the rank read this step's rows, and they were these
+                    said = handed.get((group * SHARD + shard, step))
+                    assert said in (samples, None), (group, step)
+                    unsaid += [(group, step)] if said is None else []
                     trained.update(ids)
                 else:
                     skipped.update(ids)
+    assert all(group == 1 and step < alone[0] for group, step in unsaid) and len(unsaid) <= 1
     every = {int(i) for step in range(STEPS) for i in reference.sample_ids(step)}
     assert len(every) == STEPS * GLOBAL_BATCH  # one epoch: distinct samples
     assert max(trained.values()) == 1 and set(trained) | skipped == every

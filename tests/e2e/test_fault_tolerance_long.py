@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
-from ft_jobs import job_script, rank_of_group, wait_for
+from ft_jobs import job_script, loader_slice, rank_of_group, wait_for
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts.processes import pids_of_job, rank_pids_of_job
@@ -175,11 +175,7 @@ def _rows(job: Any, dp_rank: int) -> list[dict[str, Any]]:
 
 def _slice(reference: Any, step: int, dp_rank: int) -> tuple[list[int], list[list[int]]]:
     """(sample ids, samples) of dp rank `dp_rank` of GROUPS x SHARD in global batch `step`."""
-    per_rank = GLOBAL_BATCH // (GROUPS * SHARD)
-    rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-    inputs, targets = reference.batch(step)
-    samples = torch.cat([inputs[rows], targets[rows, -1:]], dim=1).tolist()
-    return reference.sample_ids(step)[rows].tolist(), samples
+    return loader_slice(reference, step, dp_rank, GROUPS * SHARD)
 
 
 def test_a_job_that_lost_every_group_completes_from_its_checkpoint(resumed):
