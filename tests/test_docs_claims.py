@@ -72,8 +72,6 @@ STILL_TRUE: dict[tuple[str, str], str | Check] = {
     ("docs/planner.md", "`sac_offload_bf16`): not yet on a GPU"):
         "benchmarks/results holds no GPU report with the selective pairs yet (issue 47 added "
         "them after the H200 run)",
-    ("docs/data.md", "not yet with a loader"):
-        "the fault-tolerance tests resume checkpoints of scripts without meshtrain's loader",
     ("docs/slurm.md", "Not tested:"):
         "tests/slurm/ runs no stop() of a fault-tolerant Slurm job and no requeue after Slurm "
         "marks a node down",

@@ -24,7 +24,6 @@ on a quiet box (docs/fault-tolerance.md, "Tests and measured figures").
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 import os
 import re
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
-from ft_jobs import rank_of_group, wait_for
+from ft_jobs import back_after, rank_of_group, steps_after_finish, survivor_gaps, wait_for
 from job_privacy import Listener, listeners
 
 from meshtrain import Estimator
@@ -96,8 +95,7 @@ class Run:
 
 def _rejoined(run: Run) -> bool:
     """Group 1 committed a step with itself in the quorum after the kill."""
-    return any(r["committed"] and 1 in r["participants"] and r["time"] > run.killed_at
-               for r in run.records(1))
+    return back_after(run.records(1), 1, run.killed_at) is not None
 
 
 def _in_progress(job: Any) -> bool:
@@ -141,10 +139,9 @@ def _committed(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 def _back(run: Run) -> dict[str, Any]:
     """Group 1's first committed step after the kill (with itself in the quorum)."""
-    back = [r for r in run.records(1) if r["committed"] and r["time"] > run.killed_at
-            and 1 in r["participants"]]
+    back = back_after(run.records(1), 1, run.killed_at)
     assert back, f"group 1 never stepped again\n{run.job.job_dir.log_file.read_text()[-4000:]}"
-    return min(back, key=lambda r: r["time"])
+    return back
 
 
 def test_the_job_completes_and_no_process_outlives_it(run):
@@ -184,12 +181,7 @@ def test_group_1_steps_again_within_30_s_of_the_kill(run):
 
 
 def test_group_0_never_goes_5_s_without_a_committed_step_until_group_1_is_back(run):
-    back = _back(run)
-    times = sorted(r["time"] for r in run.records(0) if r["committed"])
-    start = max(t for t in times if t <= run.killed_at)  # its last step before the kill
-    end = min(t for t in times if t >= back["time"] - 1e-3)  # the step group 1 came back in
-    window = [t for t in times if start <= t <= end]
-    gaps = [b - a for a, b in itertools.pairwise(window)]
+    gaps = survivor_gaps(run.records(0), run.killed_at, _back(run)["time"])
     assert gaps and max(gaps) <= SURVIVOR_GAP_BOUND, max(gaps, default=None)
     (recovery,) = run.job.describe()["FaultTolerance"]["Recoveries"]
     assert recovery["SurvivorGapSeconds"] <= max(gaps) + 1e-3  # what describe() measures
@@ -198,13 +190,8 @@ def test_group_0_never_goes_5_s_without_a_committed_step_until_group_1_is_back(r
 def test_no_group_steps_after_another_finished(run):
     finished = run.markers(FINISHED)
     assert finished, "no group marked itself finished"
-    first = min(finished, key=lambda g: finished[g]["time"])
-    last_step = max(r["step"] for r in run.records(first) if r["committed"])
-    assert finished[first]["committed_steps"] == last_step + 1
-    for group in set(range(GROUPS)) - {first}:
-        records = run.records(group)
-        assert all(r["began"] < finished[first]["time"] for r in records), group
-        assert all(r["step"] <= last_step for r in records if r["committed"]), group
+    first, late = steps_after_finish({g: run.records(g) for g in range(GROUPS)}, finished)
+    assert late == []
     figures = run.job.describe()["FaultTolerance"]
     assert figures["FinishedReplicaGroup"] == first
     assert figures["ModelArtifactsFrom"] == [f"algo-{first + 1}"]

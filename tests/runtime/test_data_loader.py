@@ -231,6 +231,48 @@ def test_a_job_step_before_a_restored_loader_is_refused(rows_file, monkeypatch):
         next(iter(restored))
 
 
+class _JobSteps:
+    """A replica group's process as far as the loader asks it (fault.current_step,
+    fault.step_to_run): the job's committed steps, and the quorums asked for."""
+
+    def __init__(self) -> None:
+        self.committed = 0
+        self.quorums = 0
+
+    def current_step(self) -> int:
+        return self.committed
+
+    def step_to_run(self) -> int:
+        self.quorums += 1
+        return self.committed
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_under_replica_groups_the_position_is_the_jobs_committed_steps(rows_file, monkeypatch,
+                                                                      num_workers):
+    """A step that did not commit (here step 1, once) is read again and its batch is not
+    consumed: state_dict() says the committed steps, what a checkpoint's model holds. The loop
+    ends once the job's last step committed, without asking for another quorum."""
+    from meshtrain_runtime import fault
+
+    job = _JobSteps()
+    monkeypatch.setattr(fault, "_session", job)
+    data = loader(rows_file, global_batch_size=BATCH, steps=3, num_workers=num_workers)
+    commits = iter([True, False, True, True])
+    handed = []
+    for rows in data:
+        handed.append(data.step - 1)
+        assert ids(rows) == ids(data.batch(data.step - 1))
+        assert data.state_dict()["batches"] == job.committed  # the step in flight: not yet
+        job.committed += next(commits)
+        assert data.state_dict()["batches"] == job.committed
+    assert handed == [0, 1, 1, 2]
+    assert job.quorums == len(handed)  # none for a step 3 that never runs
+    resumed = loader(rows_file, global_batch_size=BATCH, steps=3)
+    resumed.load_state_dict(data.state_dict())
+    assert list(resumed) == []  # the saved position is the end
+
+
 def test_the_state_is_json_and_names_what_it_holds(rows_file):
     import json
 

@@ -11,9 +11,10 @@ position resumes on any layout.
 With fault-tolerant replica groups (``meshtrain_runtime.fault``) the loader reads the batch of
 the job's step (``fault.step_to_run()``, which also starts the step's quorum and heals a
 restarted group), so a step that did not commit is read again, a restarted group starts at the
-job's step and every group's loop ends at the job's total. A job resumed from a checkpoint
-counts its steps on from the checkpoint's, where the loader restored from the same checkpoint
-stands.
+job's step and every group's loop ends at the job's total. Its position is then the job's
+committed steps, which is what a checkpoint's model holds: a batch handed out for a step that
+did not commit is not consumed. A job resumed from a checkpoint counts its steps on from the
+checkpoint's, where the loader restored from the same checkpoint stands.
 """
 
 from __future__ import annotations
@@ -196,6 +197,8 @@ class Loader:
 
         reader = _JobStepReader(self, batches)
         while True:
+            if fault.current_step() >= len(self):
+                return  # the job's last step committed: no quorum for a step that never runs
             step = fault.step_to_run()  # this step's quorum; a restarted group heals here
             if step >= len(self):
                 return
@@ -238,13 +241,19 @@ class Loader:
 
     # --- state ---
     def _position(self) -> Cursor:
-        return advance(self._cursor, max(self._consumed, self._cursor.batch),
+        from meshtrain_runtime import fault
+
+        # replica groups: the job's committed steps (a step that did not commit reads its batch
+        # again; a checkpoint's model holds exactly the committed steps)
+        committed = fault.current_step()
+        consumed = self._consumed if committed is None else committed
+        return advance(self._cursor, max(consumed, self._cursor.batch),
                        self.settings.global_batch_size, self.num_samples)
 
     def state_dict(self) -> dict[str, Any]:
-        """The position, global (the same on every rank): batches consumed, the next batch's
-        epoch and sample offset, the global batch size, seed, shuffle and the data's
-        fingerprint. JSON-serialisable."""
+        """The position, global (the same on every rank): batches consumed (with replica groups,
+        the job's committed steps), the next batch's epoch and sample offset, the global batch
+        size, seed, shuffle and the data's fingerprint. JSON-serialisable."""
         return build_state(self._position(), batch_size=self.settings.global_batch_size,
                            seed=self.settings.seed, shuffle=self.settings.shuffle,
                            fingerprint=self.data.fingerprint)
