@@ -36,6 +36,7 @@ from meshtrain.contract.hyperparameters import decode_mp_parameters
 from meshtrain.contract.mesh_axes import DENSE_AXES, EXPERT_AXES, MeshAxis, axis_names
 from meshtrain_runtime import fault
 from meshtrain_runtime.mesh import Meshes, build_meshes
+from meshtrain_runtime.torch_api import announce_untested_torch
 
 MESH_AXES = axis_names(DENSE_AXES)
 EXPERT_MESH_AXES = axis_names(EXPERT_AXES)
@@ -257,6 +258,7 @@ def init(config: ConfigSource = None) -> RuntimeState:
         )
     device = _select_device()
     _created_process_group = _ensure_process_group(device) or _created_process_group
+    announce_untested_torch(dist.get_rank())
     _current = build_state(params, device=device, owns_process_group=_created_process_group)
     _current = fault.start(_current)  # replica groups' quorum (a no-op without fault tolerance)
     return _current
