@@ -59,11 +59,13 @@ def test_floors_come_from_pyproject() -> None:
                     "torchft": "torchft==0.2.0 ; sys_platform == 'linux'"}
     declared = tier.floor_pins(tier.declared_requirements())
     by_name = {e.name: e for e in tier.ENVIRONMENTS}
-    torch_floor = tier.constraints(by_name["torch-floor"], [])
-    assert declared["torch"] in torch_floor and declared["torchao"] in torch_floor
-    libraries = tier.constraints(by_name["libraries-floor"], [])
-    assert declared["transformers"] in libraries and declared["numpy"] in libraries
-    assert not any(line.startswith(("torch==", "torchao==", "sagemaker==")) for line in libraries)
+    floors = tier.constraints(by_name["floors"], [])
+    assert tier.torch_version(by_name["floors"]) == declared["torch"].split("==")[1]
+    for name in ("torch", "torchao", "transformers", "numpy", "pydantic", "boto3", "kubernetes",
+                 "pytest"):
+        assert declared[name] in floors, name
+    assert not any(line.startswith("sagemaker==") for line in floors)  # left out, with why
+    assert tier.constraints(by_name["newest"], []) == []
 
 
 def test_a_pin_breaks_one_environment_only() -> None:
@@ -97,7 +99,6 @@ def test_the_compatibility_table_shows_what_each_environment_pins() -> None:
             name, version = pin.split(";")[0].strip().split("==")
             where = text if name in test_only else row  # test tools: listed below the table
             assert re.search(rf"\b{re.escape(name)} {re.escape(version)}\b", where), pin
-        assert row.endswith("passed"), row
 
 
 def _test_only_packages() -> set[str]:

@@ -33,9 +33,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils._pytree import tree_flatten, tree_map
 
-TESTED_TORCH_VERSIONS: tuple[str, ...] = ("2.10.0", "2.13.0", "2.15.0")
-"""The torch releases CI runs: the floor pyproject declares, README's pin, the newest this
-machine installs (.ci/versions.py's environments and README's commands; docs/compatibility.md)."""
+TESTED_TORCH_VERSIONS: tuple[str, ...] = ("2.13.0", "2.15.0")
+"""The torch releases CI runs: the floor pyproject declares (README's pin) and the newest
+(.ci/versions.py's environments and README's commands; docs/compatibility.md)."""
 
 AsyncCollectiveTensor = _funcol.AsyncCollectiveTensor
 """A functional collective's pending result (a tensor subclass that waits when first used)."""
