@@ -3,13 +3,17 @@
 PYTHON ?= python
 BENCH_MACHINE ?= unnamed machine
 
-.PHONY: bench bench-smoke bench-compile bench-gpu gpu-check gpu-check-smoke gpu-check-bundle
+.PHONY: bench bench-smoke bench-data bench-compile bench-gpu gpu-check gpu-check-smoke gpu-check-bundle
 
 bench:
 	$(PYTHON) benchmarks/run_all.py --machine "$(BENCH_MACHINE)"
 
 bench-smoke:
 	$(PYTHON) benchmarks/run_all.py --smoke --machine "$(BENCH_MACHINE)"
+
+# the loader alone (issue 40): tokens/s vs DataLoader + DistributedSampler, step time vs in memory
+bench-data:
+	$(PYTHON) benchmarks/bench_data.py --json benchmarks/results/data.json
 
 # adds full shard, hybrid, tp, tp x hybrid and ep with compile: true (inductor on every rank: several more minutes)
 bench-compile:

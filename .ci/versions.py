@@ -95,7 +95,9 @@ SUBSET = (
     "tests/runtime/test_torch_api.py",
     "tests/runtime/test_mesh.py",
     "tests/runtime/compat/test_smp_units.py::test_patched_torch_signatures_are_the_checked_ones",
-    # the client's libraries at their floors: pydantic, boto3 + moto, kubernetes
+    # the libraries at their floors: datasets (the loader's sources), pydantic, boto3 + moto,
+    # kubernetes
+    "tests/runtime/test_data_sources.py",
     "tests/sdk/test_distribution.py",
     "tests/sdk/test_jobspec.py",
     "tests/sdk/backends/sagemaker/test_sagemaker_request.py",

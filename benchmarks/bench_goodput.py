@@ -9,7 +9,9 @@ victim has rejoined, so a live peer always exists to heal from). After --minutes
 victim is back, the script is told to stop 3 steps later. What is printed (and written with
 --json) is the job's own describe()["FaultTolerance"]: Goodput (committed replica-steps /
 (replica groups x committed steps)) and one recovery per failure (DownSeconds, StepsWithoutIt,
-RejoinSecondsAfterRestart), with the load average.
+RejoinSecondsAfterRestart), with the load average, and beside the job's time view the planner's
+estimate (``meshtrain plan --goodput``) for the same failure rate and the times the job measured
+(describe()["FaultTolerance"]["Measured"]): the model checked against a real job.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_goodput.py [--minutes 5] [--every 60] [--json F]
 """
@@ -29,6 +31,7 @@ from meshtrain import Estimator
 from meshtrain.backends.hosts.ft_metrics import read_step_records, step_participants
 from meshtrain.backends.hosts.processes import rank_pids_of_job
 from meshtrain.contract import env as names
+from meshtrain.plan.goodput import GoodputInputs, estimate_goodput
 
 SCRIPT_DIR = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "scripts"
 SHARD, GROUPS = 2, 2
@@ -123,7 +126,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_before": load_before, "load_after": load(), "kills": kills,
             "fault_tolerance": description["FaultTolerance"], "job_dir": str(job.job_dir.root),
             "time_view": time_goodput(job.job_dir.root),
+            "planned": planned(description["FaultTolerance"], args.every),
             "minutes": args.minutes, "every": args.every, "delay": args.delay}
+
+
+def planned(figures: dict[str, Any], every: float) -> dict[str, Any]:
+    """The planner's goodput for this job: 4 ranks failing once per `every` seconds, with the
+    restart, heal and stall the job measured (no checkpoints: the groups never all failed)."""
+    measured = figures["Measured"]
+    inputs = GoodputInputs(
+        gpus=SHARD * GROUPS, gpu_mtbf_hours=every * SHARD * GROUPS / 3600.0,
+        replica_groups=GROUPS, group_restart_seconds=measured["GroupRestartSeconds"] or 0.0,
+        heal_seconds=measured["HealSeconds"] or 0.0, stall_seconds=measured["StallSeconds"] or 0.0,
+        checkpoint_write_seconds=0.0)
+    return {"Goodput": round(estimate_goodput(inputs).replica_groups.goodput, 4),
+            "Inputs": {k: v for k, v in inputs.__dict__.items() if k != "measured"}}
 
 
 def time_goodput(job_root: Path, groups: int = GROUPS) -> dict[str, float]:

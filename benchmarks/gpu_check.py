@@ -1,7 +1,10 @@
 """`make gpu-check`: every check meshtrain needs a GPU for, in one command, within a budget.
 
 Sections, in this order, each in a process of its own under a time cap (its share of
---budget-s, at most what is left), the report written again after each:
+--budget-s, at most what is left). The report holds every section from the start: one not yet
+reached reads "cut" (with why) until it runs, so a run stopped from outside (a SIGTERM, the
+device call's time limit) leaves an honest report; a section that crashes is "failed" with its
+traceback and the next one still runs. The report is written again after each section:
 
   pytest      the `gpu` tier (tests/gpu): every one-GPU CUDA path against eager / fp32
   planner     meshtrain's plan beside the measured per-phase peaks (gpu_check_planner.py)
@@ -25,10 +28,12 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +43,22 @@ sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
 import gpu_check_report as report_format  # noqa: E402
 
 ROOT = HERE.parent
-SHARES = {"pytest": 0.27, "planner": 0.15, "throughput": 0.52, "docker": 0.06}
-"""Each section's cap as a share of --budget-s (330 s: 89, 50, 172, 20 s): estimates, not yet
-timed on a GPU (a fresh machine compiles the compile case's and the goal pair's kernels)."""
+SHARES = {"pytest": 0.25, "planner": 0.12, "throughput": 0.58, "docker": 0.05}
+"""Each section's cap as a share of --budget-s (400 s: 100, 48, 232, 20 s). On the H200
+(2026-11-27, budget 330 s) pytest took 33-50 s, the planner 21 s for 4 layouts, the
+throughput table 109 s for six pairs; this build adds the gpu tier's context-parallel,
+zero-bubble, fp16-series and selective-compile cases, two planner layouts and the selective
+pairs (the goal pair first)."""
+DEFAULT_BUDGET_S = 400.0
+"""Every section in one run, under 7 minutes: a lent GPU's command limit is 10 minutes."""
 SMOKE_BUDGET_S = 900.0
-"""The smoke run needs ~25 CPU-seconds; on a loaded 2-core machine that can take minutes."""
-SMOKE_PAIRS = ("ac", "ac_offload_fused", "ac_cpu_offload_fused", "fp8_compile_fused")
-"""The smoke run's pairs: two that run on CPU, two refused there with the runtime's reason
+"""The smoke run needs ~55 CPU-seconds (2026-11-28); on a loaded 2-core machine that can take
+minutes (415 s at a load average of 20-28)."""
+SMOKE_SHARES = {"pytest": 0.5, "planner": 0.15, "throughput": 0.3, "docker": 0.05}
+"""On CPU the pytest section (the gpu tier's CPU-runnable cases) is the largest: 225 s of a
+loaded machine's 415 s."""
+SMOKE_PAIRS = ("ac", "sac", "ac_offload_fused", "ac_cpu_offload_fused", "fp8_compile_fused")
+"""The smoke run's pairs: three that run on CPU, two refused there with the runtime's reason
 (tests/benchmarks/test_gpu_throughput.py runs the rest of the smoke table)."""
 THROUGHPUT_TAIL_S = 75.0
 """The throughput section starts no pair later than this before its cap (a compiled pair
@@ -55,8 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder for the report")
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="all sections together (default 330: under 6 min on an H100; "
-                             f"with --smoke {SMOKE_BUDGET_S:.0f}: a CPU shared with others)")
+                        help=f"all sections together (default {DEFAULT_BUDGET_S:.0f}: under 7 "
+                             f"min on an H200; with --smoke {SMOKE_BUDGET_S:.0f}: a CPU shared "
+                             "with others)")
     parser.add_argument("--cap", action="append", default=[], metavar="SECTION=SECONDS",
                         help="override one section's cap")
     parser.add_argument("--only", choices=report_format.SECTIONS, action="append",
@@ -69,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--commit", default=None, help="the commit under test (else git's)")
     args = parser.parse_args(argv)
     if args.budget_s is None:
-        args.budget_s = SMOKE_BUDGET_S if args.smoke else 330.0
-    args.caps = {name: share * args.budget_s for name, share in SHARES.items()}
+        args.budget_s = SMOKE_BUDGET_S if args.smoke else DEFAULT_BUDGET_S
+    shares = SMOKE_SHARES if args.smoke else SHARES
+    args.caps = {name: share * args.budget_s for name, share in shares.items()}
     for item in args.cap:
         name, _, seconds = item.partition("=")
         if name not in SHARES or not seconds:
@@ -94,6 +110,10 @@ def run_process(command: list[str], cap: float, env: dict[str, str] | None = Non
             os.killpg(process.pid, 9)  # the section's own process group, nothing else
             process.wait()
             code = None
+        except BaseException:  # stopped from outside: the section's processes end with us
+            os.killpg(process.pid, 9)
+            process.wait()
+            raise
         handle.seek(0)
         output = handle.read()[-4000:]
     return code, output, time.monotonic() - start
@@ -212,8 +232,52 @@ def multi_rank_paths(gpus: int) -> list[dict[str, str]]:
         "fp8's float8 all-gather (FSDP2 with a shard group > 1)",
         "tensor parallelism (and sequence / loss parallelism) over NCCL",
         "expert parallelism's all-to-all dispatch over NCCL",
-    )] + [{"path": path, "reason": "not in this build (transform() refuses it)"} for path in (
-        "context parallelism's blockwise attention", "pipeline parallelism's split backward")]
+        "context parallelism's ring exchange over NCCL (its blockwise kernels: the pytest "
+        "section's test_cuda_parallel.py, every cp rank on this one GPU)",
+        "pipeline stages over NCCL (the zero-bubble split backward: the pytest section's "
+        "test_cuda_parallel.py, a pipeline group of one rank holding both stages)",
+    )]
+
+
+class Stopped(Exception):
+    """The run was told to stop (SIGTERM): the running section is cut, the report written."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def _not_reached(reason: str) -> dict[str, Any]:
+    return {"status": "cut", "seconds": 0.0, "reason": reason}
+
+
+def run_section(name: str, args: argparse.Namespace, cap: float, work: Path) -> dict[str, Any]:
+    """One section's result; a crash of its runner is its failure (with the traceback), never
+    the end of the run."""
+    start = time.monotonic()
+    try:
+        return SECTION_RUNNERS[name](args, cap, work)
+    except Stopped:
+        raise
+    except Exception:
+        return {"status": "failed", "seconds": time.monotonic() - start,
+                "reason": "the section's runner raised:\n" + traceback.format_exc()[-1500:]}
+
+
+def _run_sections(args: argparse.Namespace, report: dict[str, Any], out: Path, start: float,
+                  work: Path) -> None:
+    """Each section in turn, under its cap and what is left of the budget; the report written
+    after each."""
+    for name in SECTION_RUNNERS:
+        if args.only and name not in args.only:
+            continue
+        cap = min(args.caps[name], args.budget_s - (time.monotonic() - start))
+        if cap <= 1:
+            report["sections"][name] = _not_reached(f"budget {args.budget_s:.0f} s spent")
+        else:
+            print(f"gpu-check: {name} (cap {cap:.0f} s)", flush=True)
+            report["sections"][name] = run_section(name, args, cap, work)
+        report_format.write(report, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,20 +294,24 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out, start = Path(args.out), time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
-        for name, runner in SECTION_RUNNERS.items():
-            if args.only and name not in args.only:
-                report["sections"][name] = {"status": "not_run", "seconds": 0.0,
-                                            "reason": f"--only {','.join(args.only)}"}
-                continue
-            cap = min(args.caps[name], args.budget_s - (time.monotonic() - start))
-            if cap <= 1:
-                report["sections"][name] = {"status": "cut", "seconds": 0.0,
-                                            "reason": f"budget {args.budget_s:.0f} s spent"}
-            else:
-                print(f"gpu-check: {name} (cap {cap:.0f} s)", flush=True)
-                report["sections"][name] = runner(args, cap, Path(work))
-            paths = report_format.write(report, out)
+    for name in SECTION_RUNNERS:  # every section is in the report from the start
+        report["sections"][name] = {"status": "not_run", "seconds": 0.0,
+                                    "reason": f"--only {','.join(args.only)}"} \
+            if args.only and name not in args.only else \
+            _not_reached("the run ended before this section started")
+    paths = report_format.write(report, out)
+    previous, stopped = signal.signal(signal.SIGTERM, _stop), False
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+            _run_sections(args, report, out, start, Path(work))
+    except Stopped as stop:
+        stopped = True
+        for section in report["sections"].values():
+            if section["status"] == "cut" and not section["seconds"]:
+                section["reason"] = f"{stop} before this section finished"
+        report_format.write(report, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(report_format.summary_table(report))
     print(f"report: {paths[0]} and {paths[1].name}")
     failed = [n for n, s in report["sections"].items() if s["status"] == "failed"]
@@ -252,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {problem}", file=sys.stderr)
     if failed:
         print(f"gpu-check: failed checks in {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed or problems else 0
+    return 1 if failed or problems or stopped else 0
 
 
 if __name__ == "__main__":

@@ -94,10 +94,33 @@ same (``reshard_after_forward: "auto"`` with a shard group of one is no_shard's 
 _WRAPPER_PREFIX = re.compile(r"(_checkpoint_wrapped_module|_offload_wrapped_module|_orig_mod)\.?")
 
 
+HAND_SELECTIVE_OPS = ("mm", "addmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_cudnn_attention",
+                      "_scaled_dot_product_flash_attention_for_cpu", "max")
+"""The hand-written side's selective checkpointing (``sac``): torch's own
+``create_selective_checkpoint_contexts`` keeping every matmul and fused attention output, as
+torchtitan's op-level policy does (without its every-second-mm recompute, which trades speed
+for memory): the same work as transform()'s "selective", written with torch alone."""
+
+
+def hand_selective_context() -> Any:
+    """checkpoint_wrapper's ``context_fn`` for the hand-written selective checkpointing."""
+    import functools
+
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    ops = [getattr(torch.ops.aten, name).default for name in HAND_SELECTIVE_OPS
+           if hasattr(torch.ops.aten, name)]
+    return functools.partial(create_selective_checkpoint_contexts, ops)
+
+
 def setup_flags(setup: str) -> dict[str, bool]:
-    """What a pair's name asks for (``ac_compile_fused`` -> checkpointing, compile, fused)."""
+    """What a pair's name asks for (``ac_compile_fused`` -> checkpointing, compile, fused;
+    ``sac``: selective checkpointing)."""
     parts = setup.split("_")
-    return {"ac": "ac" in parts, "compile": "compile" in parts, "fused": "fused" in parts,
+    return {"ac": "ac" in parts, "sac": "sac" in parts, "compile": "compile" in parts,
+            "fused": "fused" in parts,
             "fp8": "fp8" in parts, "offload": "offload" in parts and "cpu" not in parts,
             "cpu_offload": "cpu" in parts}
 
@@ -125,8 +148,9 @@ def by_hand(setup: str, model: nn.Module, device: torch.device) -> nn.Module:
         convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "lm_head")
     layers = model.model.layers
     for index, block in enumerate(layers):
-        if flags["ac"]:
-            block = checkpoint_wrapper(block)
+        if flags["ac"] or flags["sac"]:
+            block = checkpoint_wrapper(block, context_fn=hand_selective_context()) \
+                if flags["sac"] else checkpoint_wrapper(block)
             layers[index] = offload_wrapper(block) if flags["offload"] else block
         if flags["compile"]:
             layers[index].compile()
@@ -150,7 +174,8 @@ def through_transform(setup: str, model: nn.Module, device: torch.device) -> nn.
 
     flags = setup_flags(setup)
     params: dict[str, Any] = {
-        "activation_checkpointing": flags["ac"], "compile": flags["compile"],
+        "activation_checkpointing": "selective" if flags["sac"] else flags["ac"],
+        "compile": flags["compile"],
         "activation_offloading": flags["offload"], "cpu_offload": flags["cpu_offload"],
         "fp8": flags["fp8"],
     }

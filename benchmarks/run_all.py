@@ -13,6 +13,8 @@ transform() + forward_backward vs hand-written torch.distributed.pipelining, and
 each schedule vs theory; its smoke path is tests/benchmarks/test_bench_pipeline.py's);
 bench_context.py (cp2: attention bytes per cp_comm_type vs the planner, and the cp attention's
 step time vs a hand-written all_gather + SDPA; its smoke path is test_bench_context.py's);
+bench_data.py (the loader's tokens/s vs DataLoader + DistributedSampler, and the step time of a
+model fed by it vs in memory; one process; its smoke path is test_bench_data.py's);
 launch_overhead.py (fit() vs raw torchrun, both fresh processes). Every launch goes through
 torchrun and meshtrain's rank entry with OMP_NUM_THREADS=1. The load average is recorded at
 the start and the end. Aggregation lives in report.py.
@@ -144,12 +146,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        timeout=1800)
     context = json_of("bench_context.py", ["--rounds", str(max(MIN_PAIRS, rounds // 4))],
                       timeout=1800)
+    data = json_of("bench_data.py", [], timeout=1800)
     from launch_overhead import measure_launch
 
     launch = report.launch_entry(measure_launch(args.launch_pairs, environment()))
     return report.build_report(layouts, machine=machine(args.machine, load_start),
                                launch=launch, tp_comm=tp, ep_comm=ep, ep_tp_comm=ep_tp,
-                               pipeline=pipeline, context=context)
+                               pipeline=pipeline, context=context, data=data)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -5,10 +5,13 @@ environment variable ``CI=true`` the run fails when
 
 - a test was skipped (or xfailed) and is not a `gpu`-marked test skipped because it "needs a
   GPU" (the one skip a CPU machine may have); a module skipped whole must say "needs a GPU";
-- a tier ran fewer tests than its floor in tests/tier_floors.json: a marker's tests deselected
-  or never collected count as skipped too. The floors are kept per ``-m`` expression (README's
-  command runs ``-m 'not serial'`` and then ``-m serial``) and apply when the run is the whole
-  suite (no paths named on the command line);
+- a tier ran fewer tests than its floor: `FLOOR_FRACTION` (95 %) of the count last recorded in
+  tests/tier_floors.json, rounded up. A marker's tests deselected or never collected count as
+  skipped too. The counts are kept per ``-m`` expression (README's command runs ``-m 'not
+  serial'`` and then ``-m serial``) and apply when the run is the whole suite (no paths named on
+  the command line). ``python3 tests/ci_guards.py --record`` records them from a
+  ``--collect-only`` of each expression (`gpu` tests left out: on a CPU machine they skip), so
+  the floors follow the suite: record after adding or removing tests on purpose;
 
 and the skip summary (``-rs``) is printed. Under pytest-xdist the controller receives every
 report and decides; the workers only run tests.
@@ -19,9 +22,16 @@ reason on a developer's machine, a failure under CI.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
+import math
 import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -31,6 +41,13 @@ import pytest
 GPU_MARKER = "gpu"
 GPU_REASON = "needs a GPU"
 FLOORS_FILE = Path("tests") / "tier_floors.json"
+FLOOR_FRACTION = 0.95
+"""A tier fails CI below this share of its recorded count (rounded up: a tier of one test must
+keep it)."""
+TIER_MARKERS = ("multiprocess", "e2e", "docker", "slurm", "serial")
+README_SELECTIONS = ("not serial", "serial")
+RECORD_ENV = "MESHTRAIN_RECORD_TIER_COUNTS"
+"""Set to a file path: a --collect-only run writes its per-tier counts there (`record`)."""
 
 
 def in_ci() -> bool:
@@ -63,6 +80,22 @@ def expected_skip(markers: set[str] | None, reason: str) -> bool:
     """The one skip CI accepts: a `gpu` test (or a module, markers None) that needs a GPU."""
     gpu = markers is None or GPU_MARKER in markers
     return gpu and GPU_REASON in reason and not reason.startswith("xfail")
+
+
+def floors_of(counts: dict[str, int], fraction: float = FLOOR_FRACTION) -> dict[str, int]:
+    """The least number of tests each tier must run: `fraction` of its recorded count."""
+    return {marker: math.ceil(count * fraction - 1e-9) for marker, count in counts.items()}
+
+
+def tier_counts(markers_per_test: Iterable[set[str]]) -> dict[str, int]:
+    """How many tests of each tier a selection holds ("tests": all), `gpu` tests left out."""
+    kept = [markers for markers in markers_per_test if GPU_MARKER not in markers]
+    counts = {"tests": len(kept)}
+    for marker in TIER_MARKERS:
+        count = sum(marker in markers for markers in kept)
+        if count:
+            counts[marker] = count
+    return counts
 
 
 def floor_problems(floors: dict[str, int], ran: dict[str, set[str]]) -> list[str]:
@@ -111,6 +144,13 @@ class CiGuard:
         elif report.when == "call":
             self.ran[report.nodeid] = markers
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        target = os.environ.get(RECORD_ENV)
+        if target:  # `record`: this selection's tiers, as collected
+            counts = tier_counts({mark.name for mark in item.iter_markers()}
+                                 for item in session.items)
+            Path(target).write_text(json.dumps(counts))
+
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.skipped and not expected_skip(None, _reason(report)):
             self.unexpected[report.nodeid] = _reason(report)
@@ -124,12 +164,17 @@ class CiGuard:
     def check_floors(self) -> None:
         path = self.config.rootpath / FLOORS_FILE
         expression = " ".join((self.config.option.markexpr or "").split())
-        selections = json.loads(path.read_text())["selections"] if path.exists() else {}
+        recorded = json.loads(path.read_text()) if path.exists() else {}
+        selections = recorded.get("selections", {})
         if expression not in selections:
-            self.problems.append(f"no floors for -m {expression!r} in {FLOORS_FILE}: add the "
-                                 "tiers this selection must run")
+            self.problems.append(f"no tier counts for -m {expression!r} in {FLOORS_FILE}: "
+                                 "record them (python3 tests/ci_guards.py --record)")
             return
-        self.problems.extend(floor_problems(selections[expression], self.ran))
+        fraction = recorded.get("floor_fraction", FLOOR_FRACTION)
+        self.problems.extend(
+            f"{problem} ({fraction:.0%} of the count recorded in {FLOORS_FILE}; a suite that "
+            "shrank on purpose: python3 tests/ci_guards.py --record)"
+            for problem in floor_problems(floors_of(selections[expression], fraction), self.ran))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not in_ci():
@@ -153,3 +198,52 @@ class CiGuard:
             scope = "" if self.whole_suite() else " (paths named or --collect-only: no floors)"
             terminalreporter.write_line(
                 f"CI guards passed: no unexpected skip; {len(self.ran)} tests ran{scope}")
+
+
+def collected_counts(root: Path, expression: str) -> dict[str, int]:
+    """The tiers of `-m expression`, from a --collect-only of the suite under `root`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        target = Path(scratch) / "counts.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+             "-m", expression], cwd=root, env={**os.environ, RECORD_ENV: str(target)},
+            capture_output=True, text=True, check=False)
+        if done.returncode not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) or (
+                not target.exists()):
+            raise SystemExit(f"collecting -m {expression!r} failed (exit {done.returncode}):\n"
+                             f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        return json.loads(target.read_text())
+
+
+def record(root: Path, selections: Sequence[str] = README_SELECTIONS) -> dict:
+    """Write each selection's tier counts into `root`/tests/tier_floors.json; return the file."""
+    path = root / FLOORS_FILE
+    recorded = {
+        "about": "Under CI=true (tests/ci_guards.py): per -m expression of README's test "
+                 "command, how many tests of each marker the suite held when recorded ('tests': "
+                 "all; gpu tests left out, they skip on CPU). A whole-suite run fails when a "
+                 "tier runs fewer than floor_fraction of its count (rounded up): deselected, "
+                 "never collected and skipped tests do not count. Written by `python3 "
+                 "tests/ci_guards.py --record`; record again when tests are added or removed.",
+        "floor_fraction": FLOOR_FRACTION,
+        "recorded": time.strftime("%Y-%m-%d"),
+        "selections": {expression: collected_counts(root, expression)
+                       for expression in selections},
+    }
+    path.write_text(json.dumps(recorded, indent=2) + "\n")
+    return recorded
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="CI's tier counts (tests/tier_floors.json).")
+    parser.add_argument("--record", action="store_true", required=True,
+                        help="collect README's selections and write their tier counts")
+    parser.parse_args(argv)
+    recorded = record(Path(__file__).resolve().parents[1])
+    for expression, counts in recorded["selections"].items():
+        print(f"-m {expression!r}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

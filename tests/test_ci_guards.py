@@ -4,8 +4,9 @@ subprocess (pytester) and asserts the inner run's exit status, outcomes and the 
 (a) a docker tier whose daemon cannot start fails under CI=true, through tests/docker/conftest.py
     itself (a fake dockerd that exits at once, first on PATH); (b) an unexpected skip fails the
     run, with and without xdist; (c) a `gpu` test skipped because it needs a GPU does not;
-(d) a tier under its floor, or a selection without floors, fails. Each inner run is also made
-without CI=true (or with the floor met) to show that the guard, not the test, fails it.
+(d) a tier under its floor (95 % of its recorded count), or a selection without counts, fails,
+and `--record` writes the counts a --collect-only finds. Each inner run is also made without
+CI=true (or with the floor met) to show that the guard, not the test, fails it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import stat
 from pathlib import Path
 
 import pytest
-from ci_guards import expected_skip, floor_problems, import_or_skip, missing_component
+from ci_guards import (
+    expected_skip,
+    floor_problems,
+    floors_of,
+    import_or_skip,
+    missing_component,
+    record,
+    tier_counts,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -212,14 +221,19 @@ def test_on_a_gpu():
     result.stdout.fnmatch_lines(["CI guards passed: no unexpected skip; 1 tests ran*"])
 
 
-def _tier_project(pytester: pytest.Pytester, e2e_floor: int) -> None:
+def _tier_project(pytester: pytest.Pytester, e2e_count: int) -> None:
+    """Two unit tests, one e2e, one serial; tier_floors.json records `e2e_count` e2e tests."""
     (pytester.path / "tests").mkdir(exist_ok=True)
-    (pytester.path / "tests" / "tier_floors.json").write_text(json.dumps({"selections": {
-        "not serial": {"tests": 2, "e2e": e2e_floor}, "serial": {"serial": 1}}}))
+    (pytester.path / "tests" / "tier_floors.json").write_text(json.dumps({
+        "floor_fraction": 0.95,
+        "selections": {"not serial": {"tests": 3, "e2e": e2e_count}, "serial": {"serial": 1}}}))
     (pytester.path / "tests" / "test_tiers.py").write_text("""
 import pytest
 
 def test_unit():
+    pass
+
+def test_other_unit():
     pass
 
 @pytest.mark.e2e
@@ -229,16 +243,21 @@ def test_job():
 @pytest.mark.serial
 def test_alone():
     pass
+
+@pytest.mark.gpu
+def test_on_a_gpu():
+    pytest.skip("needs a GPU")
 """)
 
 
 def test_d_a_tier_under_its_floor_fails_the_run(inner, monkeypatch):
-    _tier_project(inner, e2e_floor=2)
+    _tier_project(inner, e2e_count=2)  # floor: 95 % of 2, rounded up: 2
     result = _run(inner, monkeypatch, True, "-p", "no:xdist", "-m", "not serial")
-    result.assert_outcomes(passed=2, deselected=1)
+    result.assert_outcomes(passed=3, skipped=1, deselected=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["FAILED CI guard: tier 'e2e': 1 tests ran, the floor is 2"])
-    _tier_project(inner, e2e_floor=1)
+    result.stdout.fnmatch_lines(["FAILED CI guard: tier 'e2e': 1 tests ran, the floor is 2 "
+                                 "(95% of the count recorded in tests/tier_floors.json; *"])
+    _tier_project(inner, e2e_count=1)
     met = _run(inner, monkeypatch, True, "-p", "no:xdist", "-m", "not serial")
     assert met.ret == pytest.ExitCode.OK, met.stdout.str()
     serial = _run(inner, monkeypatch, True, "-n", "2", "-m", "serial")  # its own floors
@@ -246,12 +265,25 @@ def test_d_a_tier_under_its_floor_fails_the_run(inner, monkeypatch):
 
 
 def test_d_a_deselected_tier_fails_the_run(inner, monkeypatch):
-    """-m without floors (here the e2e tier left out) is a selection CI does not know."""
-    _tier_project(inner, e2e_floor=1)
+    """-m without counts (here the e2e tier left out) is a selection CI does not know."""
+    _tier_project(inner, e2e_count=1)
     result = _run(inner, monkeypatch, True, "-n", "2", "-m", "not serial and not e2e")
-    result.assert_outcomes(passed=1)  # the controller of xdist reports no deselection
+    result.assert_outcomes(passed=2, skipped=1)  # the controller of xdist reports no deselection
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["FAILED CI guard: no floors for -m 'not serial and not e2e'*"])
+    result.stdout.fnmatch_lines(["FAILED CI guard: no tier counts for -m 'not serial and not "
+                                 "e2e'*"])
+
+
+def test_d_record_writes_the_counts_a_collection_finds(inner, monkeypatch):
+    """`python3 tests/ci_guards.py --record`'s work: counts per selection, gpu tests left out;
+    the run that follows meets the floors it set."""
+    _tier_project(inner, e2e_count=7)
+    written = record(inner.path)
+    assert written["selections"] == {"not serial": {"tests": 3, "e2e": 1},
+                                     "serial": {"tests": 1, "serial": 1}}
+    assert json.loads((inner.path / "tests" / "tier_floors.json").read_text()) == written
+    met = _run(inner, monkeypatch, True, "-p", "no:xdist", "-m", "not serial")
+    assert met.ret == pytest.ExitCode.OK, met.stdout.str()
 
 
 def test_skip_and_floor_rules() -> None:
@@ -263,10 +295,17 @@ def test_skip_and_floor_rules() -> None:
     assert floor_problems({"tests": 2, "e2e": 1}, ran) == []
     assert floor_problems({"tests": 3, "docker": 1}, ran) == [
         "tier 'docker': 0 tests ran, the floor is 1", "tier 'tests': 2 tests ran, the floor is 3"]
+    # 95 % of the recorded count, rounded up: 1394 may lose 69 tests, a tier of 9 none
+    assert floors_of({"tests": 1394, "docker": 9, "e2e": 40}) == {
+        "tests": 1325, "docker": 9, "e2e": 38}
+    assert tier_counts([{"e2e", "multiprocess"}, set(), {"gpu"}, {"serial"}]) == {
+        "tests": 3, "multiprocess": 1, "e2e": 1, "serial": 1}
 
 
 def test_the_repository_floors_cover_readmes_two_selections() -> None:
-    selections = json.loads((TESTS / "tier_floors.json").read_text())["selections"]
+    recorded = json.loads((TESTS / "tier_floors.json").read_text())
+    assert recorded["floor_fraction"] == 0.95
+    selections = recorded["selections"]
     assert set(selections) == {"not serial", "serial"}
     assert {"multiprocess", "e2e", "docker"} <= set(selections["not serial"])
     assert selections["serial"]["serial"] > 0

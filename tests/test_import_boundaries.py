@@ -105,17 +105,63 @@ def lazy_plan_imports(source: str) -> list[str]:
                    for line, module in _imports_in(node) if _within(module, PLAN)})
 
 
-def plan_import_graph() -> dict[str, set[str]]:
-    """meshtrain.plan module -> the plan modules it imports (anywhere in its source, under
-    TYPE_CHECKING too)."""
-    folder = ROOT / "sdk" / "meshtrain" / "plan"
-    modules = {f"{PLAN}.{path.stem}": path for path in folder.glob("*.py")
-               if path.stem != "__init__"}
-    graph = {}
-    for name, path in modules.items():
-        imported = {module for _, module in imported_modules(path.read_text())}
-        graph[name] = {other for other in modules if other != name and other in imported}
-    return graph
+def module_names(roots: dict[str, Path]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under each source root (a package is its
+    __init__.py)."""
+    modules = {}
+    for root in roots.values():
+        for path in sorted(root.rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_targets(source: str, module: str, is_package: bool,
+                     modules: set[str]) -> set[str]:
+    """The modules of `modules` that `source` (module `module`) imports, anywhere in it (lazy
+    and TYPE_CHECKING imports too). ``from pkg import name`` is the submodule pkg.name when one
+    exists, else pkg itself; relative imports are resolved."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                     for alias in node.names]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph(roots: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules it imports, over every module under `roots`."""
+    modules = module_names(roots)
+    return {name: imported_targets(path.read_text(), name, path.name == "__init__.py",
+                                   set(modules))
+            for name, path in modules.items()}
+
+
+SOURCE_ROOTS = {"sdk": ROOT / "sdk", "runtime": ROOT / "runtime"}
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (its modules, the first repeated at the end), or None."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return None
 
 
 def test_plan_modules_import_each_other_only_at_their_top():
@@ -124,10 +170,29 @@ def test_plan_modules_import_each_other_only_at_their_top():
     assert {name: lazy for name, lazy in found.items() if lazy} == {}
 
 
-def test_the_plan_modules_import_graph_has_no_cycle():
-    graph = plan_import_graph()
-    assert f"{PLAN}.encdec" in graph and f"{PLAN}.spec" in graph[f"{PLAN}.encdec"]
-    tuple(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+def test_no_module_of_sdk_or_runtime_is_in_an_import_cycle():
+    graph = import_graph(SOURCE_ROOTS)
+    assert "meshtrain.plan.spec" in graph["meshtrain.plan.encdec"]  # the graph sees imports
+    assert "meshtrain_runtime.fault" in graph["meshtrain_runtime.state"]
+    assert len(graph) == len(list(ROOT.glob("sdk/**/*.py")) + list(ROOT.glob("runtime/**/*.py")))
+    assert import_cycle(graph) is None
+
+
+@pytest.mark.parametrize(("files", "cycle"), [
+    ({"pkg/__init__.py": "", "pkg/a.py": "from pkg import b\n", "pkg/b.py": "import pkg.a\n"},
+     ["pkg.a", "pkg.b"]),
+    ({"pkg/__init__.py": "", "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+      "    from pkg.b import B\n", "pkg/b.py": "def f():\n    from .a import A\n"},
+     ["pkg.a", "pkg.b"]),
+    ({"pkg/__init__.py": "from pkg.a import A\n", "pkg/a.py": "from pkg import b\n",
+      "pkg/b.py": "X = 1\n"}, None),
+])
+def test_the_cycle_check_catches_top_lazy_and_type_checking_cycles(tmp_path, files, cycle):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = import_cycle(import_graph({"src": tmp_path}))
+    assert (sorted(set(found)) if found else None) == cycle
 
 
 @pytest.mark.parametrize(("source", "lazy"), [

@@ -6,7 +6,8 @@ collectives``), an imported name (``_Policy``), an attribute reached from ``torc
 the private attributes of torch objects the runtime has used (``mesh._unflatten``,
 ``module._handle`` ...: `PRIVATE_ATTRIBUTES`). Every such use goes through torch_api, which
 tests/runtime/test_torch_api.py checks on each torch CI tests. ``nn.Module``'s registration
-dicts (``_parameters``, ``_buffers``, ``_modules``) are allowed (see torch_api's docstring).
+dicts (``_parameters``, ``_buffers``, ``_modules``) are allowed (see torch_api's docstring), and
+so is a class's own attribute that happens to share a listed name (``self._base``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def private_torch_uses(source: str) -> list[tuple[int, str]]:
             chain = _dotted(node)
             if chain and chain[0] == "torch" and _private(node.attr):
                 found.append((node.lineno, ".".join(chain)))
-            elif node.attr in PRIVATE_ATTRIBUTES:
+            elif node.attr in PRIVATE_ATTRIBUTES and chain != ["self", node.attr]:
                 found.append((node.lineno, f"._{node.attr.lstrip('_')}"))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id in {"getattr", "hasattr", "setattr"} and len(node.args) > 1
@@ -101,6 +102,7 @@ def test_the_guard_catches_a_private_use(source: str) -> None:
     "import torch\nversion = torch.__version__",
     "from torch.distributed.fsdp import FullyShardedDataParallel",
     "module._parameters[name] = param",
+    "self._base(**given).last_hidden_state",  # a class's own attribute of that name
     "from meshtrain_runtime import torch_api\nmesh = torch_api.flatten_mesh(ep_mesh)",
 ])
 def test_the_guard_allows_public_names(source: str) -> None:

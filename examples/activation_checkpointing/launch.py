@@ -14,6 +14,7 @@ from meshtrain import Estimator
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="activation-checkpointing",  # names the jobs activation-checkpointing-<time>
     instance_type="local",  # "ml.p4d.24xlarge" on SageMaker
     instance_count=1,
     hyperparameters={"steps": 10, "lr": 1e-2, "seq-len": 128},

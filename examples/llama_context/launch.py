@@ -13,6 +13,8 @@ from pathlib import Path
 
 from meshtrain import Estimator
 
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the `train` channel's text
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--cp-comm-type", choices=("p2p", "all_gather", "a2a"), default="p2p")
@@ -21,6 +23,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="llama-context",  # names the jobs llama-context-<time>
     instance_type="local",  # "ml.p4d.24xlarge" on SageMaker (8 GPUs per host)
     instance_count=1,
     hyperparameters={"steps": args.steps, "lr": 1e-2, "global-batch": 4, "seq-len": 64},
@@ -32,5 +35,5 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit()
+estimator.fit(inputs={"train": str(CORPUS)})
 print(f"Model artifacts: {estimator.model_data}")

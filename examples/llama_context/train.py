@@ -6,7 +6,8 @@ sharding group, which holds the cp group, and routes its attention through mesht
 context-parallel attention (``cp_comm_type`` from the distribution). Every cp rank passes the
 same FULL rows to ``forward_backward``; it keeps this rank's chunks of each sequence, gives the
 model their global positions, and weights each rank's loss by its share of the targets, so the
-loss and the gradients are one process's over the whole sequences.
+loss and the gradients are one process's over the whole sequences. The rows come from
+``meshtrain_runtime.data.loader("train", ...)``: the ``train`` channel's text as UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -22,21 +23,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import meshtrain_runtime
 from meshtrain_runtime import metrics
 
-VOCAB = 128
 
-
-def tiny_config() -> LlamaConfig:
+def tiny_config(vocab_size: int) -> LlamaConfig:
     """Llama at toy size (grouped-query attention: 4 heads, 2 key/value heads)."""
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=128, use_cache=False)
-
-
-def global_batch(step: int, rows: int, seq_len: int) -> torch.Tensor:
-    """Step `step`'s whole batch (the same on every rank): counting sequences mod VOCAB."""
-    generator = torch.Generator().manual_seed(step)
-    start = torch.randint(0, VOCAB, (rows, 1), generator=generator)
-    return (start + torch.arange(seq_len + 1)) % VOCAB
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -57,15 +49,14 @@ def main() -> None:
         print(f"layout: cp={state.cp_size} ({state.config.cp_comm_type}) x dp={state.dp_size}: "
               f"each rank holds {args.seq_len // state.cp_size} of every {args.seq_len} tokens",
               flush=True)
+    loader = meshtrain_runtime.data.loader("train", global_batch_size=args.global_batch,
+                                           seq_len=args.seq_len, steps=args.steps)
     torch.manual_seed(0)  # every rank builds the same weights
-    model = meshtrain_runtime.transform(LlamaForCausalLM(tiny_config()))
+    model = meshtrain_runtime.transform(LlamaForCausalLM(tiny_config(loader.vocab_size)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     losses = []
-    for step in range(args.steps):
-        batch = global_batch(step, args.global_batch, args.seq_len)
-        rows = batch.chunk(state.dp_size)[state.dp_rank]  # the cp ranks of a dp rank: the same
-        loss = meshtrain_runtime.forward_backward(model, rows[:, :-1], rows[:, 1:],
-                                                  loss_fn=loss_fn)
+    for step, (inputs, targets) in enumerate(loader):  # the cp ranks of a dp rank: the same rows
+        loss = meshtrain_runtime.forward_backward(model, inputs, targets, loss_fn=loss_fn)
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from meshtrain import Estimator
 
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the `train` channel's text
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--timeline-step", type=int, default=-1)
@@ -21,6 +23,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="llama-pipeline",  # names the jobs llama-pipeline-<time>
     instance_type="local",  # "ml.p4d.24xlarge" on SageMaker (8 GPUs per host)
     instance_count=2,
     hyperparameters={"steps": args.steps, "lr": 1e-2, "global-batch": 8,
@@ -35,5 +38,5 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit()
+estimator.fit(inputs={"train": str(CORPUS)})
 print(f"Model artifacts: {estimator.model_data}")

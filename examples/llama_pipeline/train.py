@@ -3,8 +3,10 @@
 Runs on every rank under torchrun. ``meshtrain_runtime.transform`` keeps this rank's stage of
 Hugging Face's ``LlamaForCausalLM`` (built from a tiny config, nothing downloaded) and shards it
 with FSDP2; ``forward_backward`` runs torch's 1F1B schedule over ``microbatches`` chunks of this
-data-parallel rank's rows and returns the mean loss on every rank of the pipeline. At the end
-every rank saves its shards with ``save_checkpoint`` into ``$SM_CHECKPOINT_DIR``.
+data-parallel rank's rows (``meshtrain_runtime.data.loader("train", ...)``: the ``train``
+channel's text as UTF-8 bytes) and returns the mean loss on every rank of the pipeline. At the
+end every rank saves its shards and the loader's position with ``save_checkpoint`` into
+``$SM_CHECKPOINT_DIR``.
 
 With ``--timeline-step N`` (N >= 1) every rank also records when each of its forward (F) and
 backward (B) actions of step N started and ended (seconds on the wall clock, from the
@@ -29,22 +31,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import meshtrain_runtime
 from meshtrain_runtime import metrics
 
-VOCAB = 128
 
-
-def tiny_config() -> LlamaConfig:
+def tiny_config(vocab_size: int) -> LlamaConfig:
     """Llama at toy size: 4 blocks (2 per stage); the embeddings are untied because the input
     embedding lives on the first stage and the head on the last."""
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=64, tie_word_embeddings=False, use_cache=False)
-
-
-def global_batch(step: int, rows: int, seq_len: int) -> torch.Tensor:
-    """Step `step`'s whole batch (the same on every rank): counting sequences mod VOCAB."""
-    generator = torch.Generator().manual_seed(step)
-    start = torch.randint(0, VOCAB, (rows, 1), generator=generator)
-    return (start + torch.arange(seq_len + 1)) % VOCAB
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -105,21 +98,20 @@ def main() -> None:
     if state.rank == 0:
         print(f"layout: pp={state.pp_size} x dp={state.dp_size} "
               f"({state.sharding_strategy} within each stage)", flush=True)
+    loader = meshtrain_runtime.data.loader("train", global_batch_size=args.global_batch,
+                                           seq_len=args.seq_len, steps=args.steps)
     torch.manual_seed(0)  # every rank builds the same weights, then keeps its stage
-    model = meshtrain_runtime.transform(LlamaForCausalLM(tiny_config()))
+    model = meshtrain_runtime.transform(LlamaForCausalLM(tiny_config(loader.vocab_size)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     timeline = Timeline()
 
     losses = []
-    for step in range(args.steps):
+    for step, (inputs, targets) in enumerate(loader):  # every stage of a pipeline: the same rows
         if step == args.timeline_step:
             for stage in model.runner.stages:  # built by forward_backward at step 0
                 timeline.wrap(stage)
             timeline.start()
-        batch = global_batch(step, args.global_batch, args.seq_len)
-        rows = batch.chunk(state.dp_size)[state.dp_rank]  # every stage of a pipeline: the same
-        loss = meshtrain_runtime.forward_backward(model, rows[:, :-1], rows[:, 1:],
-                                                  loss_fn=loss_fn)
+        loss = meshtrain_runtime.forward_backward(model, inputs, targets, loss_fn=loss_fn)
         meshtrain_runtime.clip_grad_norm_(model, 1.0)  # the norm of the whole model
         optimizer.step()
         optimizer.zero_grad()
@@ -128,7 +120,8 @@ def main() -> None:
         losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
         metrics.log(step=step, loss=losses[-1])
 
-    path = meshtrain_runtime.save_checkpoint(None, model, optimizer, step=args.steps)
+    path = meshtrain_runtime.save_checkpoint(None, model, optimizer, step=args.steps,
+                                             loader=loader)
     if state.rank == 0:
         out = Path(os.environ.get("SM_OUTPUT_DATA_DIR", "."))
         (out / "losses.json").write_text(json.dumps({"train:loss": losses}))

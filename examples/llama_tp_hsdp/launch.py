@@ -14,6 +14,8 @@ from pathlib import Path
 
 from meshtrain import Estimator
 
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the `train` channel's text
+
 TENSOR_PARALLEL_DEGREE = 2
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -24,6 +26,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).parent),
+    base_job_name="llama-tp-hsdp",  # names the jobs llama-tp-hsdp-<time>
     instance_type="local",  # "ml.p4d.24xlarge" on SageMaker (8 GPUs per host)
     instance_count=2,
     hyperparameters={"steps": args.steps, "lr": 1e-2, "global-batch": 8},
@@ -36,5 +39,5 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit()
+estimator.fit(inputs={"train": str(CORPUS)})
 print(f"Model artifacts: {estimator.model_data}")

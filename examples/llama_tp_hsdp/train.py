@@ -3,8 +3,10 @@
 Runs on every rank under torchrun. The model is Hugging Face's own ``LlamaForCausalLM`` built
 from a tiny config (nothing is downloaded); ``meshtrain_runtime.transform`` splits it with the
 config's ``base_model_tp_plan`` over the ``tp`` ranks and shards what remains with FSDP2 over
-``("replicate", "shard")``. Data is sharded by ``state.dp_rank`` / ``state.dp_size``: the two
-ranks of one tensor-parallel group read the same rows.
+``("replicate", "shard")``. ``meshtrain_runtime.data.loader("train", ...)`` reads the ``train``
+channel's text (UTF-8 bytes, packed into samples of seq_len + 1 tokens) and hands each
+data-parallel rank its rows of every global batch: the two ranks of one tensor-parallel group
+read the same rows.
 """
 
 from __future__ import annotations
@@ -21,21 +23,17 @@ import meshtrain_runtime
 from meshtrain_runtime.checkpoint import export_full_state_dict
 from meshtrain_runtime.metrics import log_metric
 
-VOCAB = 128
 
-
-def tiny_config() -> LlamaConfig:
+def tiny_config(vocab_size: int) -> LlamaConfig:
     """Llama's architecture at toy size; README.md says which values a real run uses."""
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=128, use_cache=False)
 
 
-def global_batch(step: int, rows: int, seq_len: int) -> torch.Tensor:
-    """Step `step`'s whole batch (the same on every rank): counting sequences mod VOCAB."""
-    generator = torch.Generator().manual_seed(step)
-    start = torch.randint(0, VOCAB, (rows, 1), generator=generator)
-    return (start + torch.arange(seq_len)) % VOCAB
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (the loader's targets are the inputs shifted by one)."""
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def main() -> None:
@@ -51,17 +49,15 @@ def main() -> None:
         print(f"layout: tp={state.tp_size} x shard={state.hybrid_shard_degree} x "
               f"replicate={state.replicate_degree} ({state.sharding_strategy}); "
               f"dp_size={state.dp_size}", flush=True)
+    loader = meshtrain_runtime.data.loader("train", global_batch_size=args.global_batch,
+                                           seq_len=args.seq_len, steps=args.steps)
     torch.manual_seed(0)  # every rank builds the same weights before they are split
-    model = meshtrain_runtime.transform(LlamaForCausalLM(tiny_config()))
+    model = meshtrain_runtime.transform(LlamaForCausalLM(tiny_config(loader.vocab_size)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    per_rank = args.global_batch // state.dp_size
     losses = []
-    for step in range(args.steps):
-        batch = global_batch(step, args.global_batch, args.seq_len)
-        ids = batch[state.dp_rank * per_rank:(state.dp_rank + 1) * per_rank]
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+    for step, (inputs, targets) in enumerate(loader):  # this dp rank's rows of the global batch
+        loss = meshtrain_runtime.forward_backward(model, inputs, targets, loss_fn=loss_fn)
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()

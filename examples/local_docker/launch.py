@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from meshtrain import Estimator
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "quickstart"
+CORPUS = QUICKSTART.parent / "data" / "corpus"  # the quickstart's `train` channel
 
 
 def run(instance_type: str, image: str | None) -> list[float]:
@@ -26,6 +27,7 @@ def run(instance_type: str, image: str | None) -> list[float]:
     estimator = Estimator(
         entry_point="train.py",
         source_dir=str(QUICKSTART),
+        base_job_name=f"quickstart-{instance_type.replace('_', '-')}",
         instance_type=instance_type,
         instance_count=2,
         image_uri=image,
@@ -37,7 +39,7 @@ def run(instance_type: str, image: str | None) -> list[float]:
             }}},
         },
     )
-    estimator.fit()
+    estimator.fit(inputs={"train": str(CORPUS)})
     print(f"Model artifacts: {estimator.model_data}")
     output = Path(urlparse(estimator.model_data).path).with_name("output.tar.gz")
     with tarfile.open(output) as tar:

@@ -1,9 +1,10 @@
-"""Mixtral with expert parallelism: each rank holds half of every MoE layer's experts.
+"""Mixtral with tensor x expert parallelism: each rank holds half of every MoE layer's experts.
 
 Runs on every rank under torchrun. The model is Hugging Face's own ``MixtralForCausalLM`` from a
-tiny config (nothing is downloaded). ``meshtrain_runtime.transform`` splits the experts over the
-``ep`` ranks (tokens reach their experts by all-to-all) and FSDP2-shards everything else. EP
-ranks are data-parallel ranks: each reads its own rows, chosen by ``state.dp_rank``.
+tiny config (nothing is downloaded). ``meshtrain_runtime.transform`` splits attention, embedding
+and head over the ``tp`` ranks, the experts over the ``ep`` ranks (tokens reach their experts by
+all-to-all; with TP each tp rank dispatches its own share of the rows) and FSDP2 wraps the rest.
+The ranks of a tp group read the same rows, chosen by ``state.dp_rank``.
 ``outputs.aux_loss`` is the load-balancing loss of the whole global batch.
 """
 
@@ -50,9 +51,9 @@ def main() -> None:
     state = meshtrain_runtime.init()
     if state.rank == 0:
         experts = tiny_config().num_local_experts
-        print(f"layout: ep={state.ep_size} ({experts // state.ep_size} of {experts} experts per "
-              f"rank) x shard={state.hybrid_shard_degree} x replicate={state.replicate_degree}; "
-              f"dp_size={state.dp_size}", flush=True)
+        print(f"layout: tp={state.tp_size} x ep={state.ep_size} ({experts // state.ep_size} of "
+              f"{experts} experts per rank) x shard={state.hybrid_shard_degree} x "
+              f"replicate={state.replicate_degree}; dp_size={state.dp_size}", flush=True)
     torch.manual_seed(0)  # every rank starts from the same weights before experts are split
     model = meshtrain_runtime.transform(MixtralForCausalLM(tiny_config()))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)

@@ -19,13 +19,16 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 # sibling modules: running this file puts its directory on sys.path
 from notebook_cells import QUICKSTART, RESUME
 from notebook_cells_cloud import PLANNING, SAGEMAKER
+from notebook_cells_ft import FAULT_TOLERANCE
 from notebook_cells_pipeline import PIPELINE
+from notebook_cells_sagemaker_v3 import SAGEMAKER_V3
 from notebook_cells_stop import STOP
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOKS = {"quickstart": QUICKSTART, "planning": PLANNING, "sagemaker": SAGEMAKER,
              "resume_other_layout": RESUME, "stop_and_resume": STOP,
-             "llama_pipeline": PIPELINE}
+             "llama_pipeline": PIPELINE, "fault_tolerance": FAULT_TOLERANCE,
+             "sagemaker_v3": SAGEMAKER_V3}
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 

@@ -74,10 +74,11 @@ print("jobs are written under", os.environ.get("MESHTRAIN_HOME", "~/.meshtrain")
 ## 2. The training script
 
 `examples/quickstart/train.py` runs on every rank under torchrun. The lines that matter:
-`meshtrain_runtime.init()` reads the distribution the Estimator sent, `transform(model)` shards
-the model, each data-parallel rank (`state.dp_rank` of `state.dp_size`) trains on its own
-slice of the batch, `log_metric` prints SageMaker metric lines, and rank 0 writes the model to
-`SM_MODEL_DIR` and the losses to `SM_OUTPUT_DATA_DIR`.
+`meshtrain_runtime.init()` reads the distribution the Estimator sent,
+`meshtrain_runtime.data.loader("train", ...)` reads the `train` channel's text (UTF-8 bytes,
+packed into samples of `seq_len + 1` tokens) and hands each data-parallel rank its rows of every
+global batch, `transform(model)` shards the model, `log_metric` prints SageMaker metric lines,
+and rank 0 writes the model to `SM_MODEL_DIR` and the losses to `SM_OUTPUT_DATA_DIR`.
 """),
     ("code", '''
 script = (EXAMPLES / "quickstart" / "train.py").read_text()
@@ -93,6 +94,7 @@ hosts (on SageMaker every GPU gets one process). `hybrid_shard_degree=2` shards 
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(EXAMPLES / "quickstart"),
+    base_job_name="quickstart-notebook",
     instance_type="local",          # "ml.p4d.24xlarge" (with a role) runs on SageMaker
     instance_count=2,
     hyperparameters={"steps": 20, "lr": 3e-3},
@@ -108,10 +110,12 @@ estimator = Estimator(
 ## 4. Train
 
 `fit()` validates everything, starts both hosts and streams their merged logs (each line
-prefixed with its host and rank). It raises `meshtrain.JobFailedError` if a rank fails.
+prefixed with its host and rank). It raises `meshtrain.JobFailedError` if a rank fails. The
+`train` channel is the repository's small generated corpus (`examples/data/corpus/train.jsonl`);
+on SageMaker it would be an S3 URI.
 """),
     ("code", '''
-estimator.fit()
+estimator.fit(inputs={"train": str(EXAMPLES / "data" / "corpus")})
 print("model:", estimator.model_data)
 '''),
     ("md", """

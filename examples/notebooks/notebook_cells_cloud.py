@@ -234,7 +234,8 @@ here in seconds rather than after instances have started.
 """),
     ("code", '''
 local = Estimator(
-    entry_point="train.py", source_dir=str(SOURCE), instance_type="local", instance_count=1,
+    entry_point="train.py", source_dir=str(SOURCE), base_job_name="sagemaker-notebook-local",
+    instance_type="local", instance_count=1,
     hyperparameters={"steps": 12},
     distribution={"torch_distributed": {"enabled": True, "processes_per_host": 2},
                   "smdistributed": {"modelparallel": {"enabled": True,

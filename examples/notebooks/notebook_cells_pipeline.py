@@ -53,6 +53,7 @@ STEPS, TIMELINE_STEP = 8, 4
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(SOURCE),
+    base_job_name="llama-pipeline-notebook",
     instance_type="local",          # "ml.p4d.24xlarge" (with a role) runs on SageMaker
     instance_count=2,
     hyperparameters={"steps": STEPS, "lr": 1e-2, "global-batch": 8,
@@ -67,7 +68,7 @@ estimator = Estimator(
         }}},
     },
 )
-estimator.fit(logs=False)
+estimator.fit(inputs={"train": str(EXAMPLES / "data" / "corpus")}, logs=False)
 print(estimator.latest_training_job.status, "- model:", estimator.model_data)
 '''),
     ("md", """

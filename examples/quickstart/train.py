@@ -1,8 +1,10 @@
-"""Quickstart training script: a tiny transformer language model on synthetic data.
+"""Quickstart training script: a tiny transformer language model on the `train` channel's text.
 
 Runs on every rank under torchrun. `meshtrain_runtime.init()` reads the distribution the
 Estimator sent (SM_HP_MP_PARAMETERS) and `transform(model)` shards the model with FSDP2 as
-`hybrid_shard_degree` asks. The same script runs unchanged on SageMaker.
+`hybrid_shard_degree` asks. `meshtrain_runtime.data.loader("train", ...)` reads the channel's
+.jsonl text as UTF-8 bytes, packs it into samples of seq_len + 1 tokens and hands each
+data-parallel rank its rows of every global batch. The same script runs unchanged on SageMaker.
 """
 
 from __future__ import annotations
@@ -52,38 +54,29 @@ class TinyLM(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def synthetic_batch(step: int, dp_rank: int, batch: int, seq: int, vocab: int) -> torch.Tensor:
-    """A repeating-pattern sequence the model can learn; each data-parallel rank its own slice."""
-    generator = torch.Generator().manual_seed(1000 * step + dp_rank)
-    start = torch.randint(0, vocab, (batch, 1), generator=generator)
-    return (start + torch.arange(seq + 1)) % vocab
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--global-batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=64)
     args, _ = parser.parse_known_args()  # SMP jobs also receive --mp_parameters
 
     state = meshtrain_runtime.init()
+    loader = meshtrain_runtime.data.loader("train", global_batch_size=args.global_batch_size,
+                                           seq_len=args.seq_len, steps=args.steps)
     torch.manual_seed(0)
-    vocab = 64
-    model = meshtrain_runtime.transform(TinyLM(vocab, dim=64, layers=2, heads=4))
+    model = meshtrain_runtime.transform(TinyLM(loader.vocab_size, dim=64, layers=2, heads=4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     losses = []
-    for step in range(args.steps):
-        tokens = synthetic_batch(step, state.dp_rank, args.batch_size, args.seq_len, vocab)
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+    for step, (inputs, targets) in enumerate(loader):  # this rank's rows of each global batch
+        loss = model(inputs, targets)
         loss.backward()
         meshtrain_runtime.clip_grad_norm_(model, 1.0)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(meshtrain_runtime.global_mean(loss))  # the global batch's loss
-        log_metric("train:loss", losses[-1], step=step)  # a SageMaker metric line
-        if state.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
-            print(f"step {step} loss {losses[-1]:.4f}", flush=True)
+        log_metric("train:loss", losses[-1], step=step)  # the step's one line: SageMaker's metric
 
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                    cpu_offload=True))

@@ -4,13 +4,16 @@ job of two nodes, one host per node.
     python examples/slurm/launch.py [--partition debug] [--job-name NAME]
 
 Run it where `sbatch` works (a login node); the job directory goes under ~/.meshtrain/jobs
-(MESHTRAIN_HOME), which must be on the cluster's shared filesystem. See docs/slurm.md.
+(MESHTRAIN_HOME), which must be on the cluster's shared filesystem, and so must the `train`
+channel's corpus (examples/data/corpus, linked into each host's /opt/ml). See docs/slurm.md.
 """
 
 import argparse
 from pathlib import Path
 
 from meshtrain import Estimator
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the `train` channel's text
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--partition", help="default: the cluster's default partition")
@@ -20,6 +23,7 @@ args = parser.parse_args()
 estimator = Estimator(
     entry_point="train.py",
     source_dir=str(Path(__file__).resolve().parents[1] / "quickstart"),
+    base_job_name="quickstart-slurm",  # unless --job-name names it
     instance_type="slurm",
     instance_count=2,  # two Slurm nodes: algo-1 on the first, algo-2 on the second
     partition=args.partition,
@@ -32,5 +36,5 @@ estimator = Estimator(
     },
     environment={"OMP_NUM_THREADS": "1"},
 )
-estimator.fit(job_name=args.job_name)
+estimator.fit(inputs={"train": str(CORPUS)}, job_name=args.job_name)
 print(f"Model artifacts: {estimator.model_data}")

@@ -7,8 +7,10 @@ bootstrap and the rank entry wrapper import this package before any torch is nee
 - ``transform(model, ...)`` — meshtrain_runtime.parallelize (named apart from the function,
   so importing the module never rebinds the package attribute ``transform``)
 - ``clip_grad_norm_(model, max_norm)``, ``grad_scaler()`` — meshtrain_runtime.grad
-- ``shard_dataset(dataset)``, ``build_sampler(dataset)`` — meshtrain_runtime.data
+- ``data.loader(source, global_batch_size=...)`` — meshtrain_runtime.data (global batches, one
+  cursor for every layout; ``shard_dataset`` / ``build_sampler``: per-rank helpers)
 - ``save_checkpoint``, ``load_checkpoint``, ``latest_checkpoint`` — meshtrain_runtime.checkpoint
+  (a package: sharded save/load, RNG states, export)
 - ``stop_requested()`` — meshtrain_runtime.stopping (a stop every rank agrees on)
 - ``global_mean(loss)`` — meshtrain_runtime.metrics (a loss averaged over every rank)
 - ``forward_backward(model, inputs, targets, loss_fn=fn)`` — meshtrain_runtime.step (one
@@ -23,7 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from meshtrain_runtime import state
+    from meshtrain_runtime import data, state
     from meshtrain_runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from meshtrain_runtime.data import build_sampler, shard_dataset
     from meshtrain_runtime.grad import clip_grad_norm_, grad_scaler
@@ -42,6 +44,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     # `state` is the state module: its __getattr__ reads the current RuntimeState, so the
     # package attribute stays right even after `import meshtrain_runtime.state` rebinds it.
     "state": ("meshtrain_runtime.state", None),
+    "data": ("meshtrain_runtime.data", None),
     "transform": ("meshtrain_runtime.parallelize", "transform"),
     "clip_grad_norm_": ("meshtrain_runtime.grad", "clip_grad_norm_"),
     "grad_scaler": ("meshtrain_runtime.grad", "grad_scaler"),
@@ -60,6 +63,7 @@ __all__ = [
     "build_sampler",
     "clip_grad_norm_",
     "context_parallel_shard",
+    "data",
     "forward_backward",
     "global_mean",
     "grad_scaler",

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from meshtrain_runtime import fault
 from meshtrain_runtime import state as runtime_state
 
 
@@ -82,14 +83,14 @@ def grad_scaler(
     st = runtime_state.current()
     if enabled is None:
         enabled = st.config.mixed_precision == "fp16"
-    return torch.amp.GradScaler(
+    return fault.track(torch.amp.GradScaler(  # replica groups: moves with committed steps only
         st.device.type,
         init_scale=init_scale,
         growth_factor=growth_factor,
         backoff_factor=backoff_factor,
         growth_interval=growth_interval,
         enabled=enabled,
-    )
+    ))
 
 
 def total_grad_norm(

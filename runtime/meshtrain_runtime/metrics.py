@@ -45,8 +45,11 @@ def _print_line(values: dict[str, float], step: int | None) -> None:
 
 
 def _print(line: str) -> None:
+    """The line and its newline in one write, flushed: print() writes them apart, and a reader
+    of the rank's output between the two (torchrun's tailer) would see half a line."""
     if _is_rank_zero():
-        print(line, file=sys.stdout, flush=True)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 _tensorboard: Any = None  # None: not tried yet; False: not available

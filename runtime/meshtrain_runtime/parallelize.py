@@ -2,7 +2,8 @@
 
 The order (design.md) lives in one short function, one line per stage:
 model converters (the parameter dtype; float8 linears in the blocks with ``fp8: true``) ->
-the pipeline split (``pipeline_parallel_degree`` > 1: this rank's stages, parallel/pipeline.py) ->
+the pipeline split (``pipeline_parallel_degree`` > 1: planned and checked here, parallel/
+pipeline/; this rank's stages are kept right after TP / EP, which work on the whole model) ->
 tensor / expert parallelism -> context parallelism (``context_parallel_degree`` > 1: attention
 across the cp ranks, parallel/context_apply.py) -> activation checkpointing / offloading ->
 per-block torch.compile (``compile: true``) -> FSDP2 (experts over their own mesh first, then
@@ -20,7 +21,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.mesh_axes import MeshAxis
+from meshtrain.contract.mesh_axes import MeshAxis, describe_mesh
+from meshtrain.contract.phases import Phase
 from meshtrain.contract.support import check_build_support
 from meshtrain_runtime import fault
 from meshtrain_runtime import state as runtime_state
@@ -31,6 +33,7 @@ from meshtrain_runtime.delayed_init import (
     load_from_rank0,
     materialize_sharded,
 )
+from meshtrain_runtime.host.phases import announce_on_rank_zero
 from meshtrain_runtime.modules.moe import MoEConfig
 from meshtrain_runtime.parallel.activations import (
     apply_activation_checkpointing,
@@ -58,10 +61,15 @@ from meshtrain_runtime.parallel.fsdp import (
 )
 from meshtrain_runtime.parallel.pipeline import (
     PipelineModule,
-    apply_pipeline,
+    build_pipeline,
     check_pipeline_request,
+    plan_pipeline,
 )
-from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
+from meshtrain_runtime.parallel.quiet import (
+    quiet_expert_gather_advice,
+    quiet_pipeline_stage_view_warnings,
+    quiet_tensor_parallel_view_warnings,
+)
 from meshtrain_runtime.parallel.tensor import apply_tensor_parallel
 
 
@@ -101,6 +109,7 @@ def transform(
     Create the optimizer after `transform` (its parameters are the sharded DTensors).
     """
     st = runtime_state.current()
+    announce_on_rank_zero(Phase.TRANSFORM, f"{type(model).__name__} on {describe_mesh(st.degrees)}")
     moe_config = _resolve_moe_config(moe_config, config)
     _check_request(model, st, device, load_state_dict_from_rank0)
     context = ContextSettings(
@@ -122,14 +131,15 @@ def transform(
         )
     if st.config.fp8:  # a converter too, once the blocks are known: before any parallelism
         apply_float8(model, block_list, fsdp_float8_all_gather=st.hybrid_shard_degree > 1)
-    staged = None
-    if st.pipeline_parallel_degree > 1:  # this rank's stages, original names; blocks: its own
-        staged = apply_pipeline(model, block_list, params=st.config, pp_rank=st.pp_rank)
-        block_list = staged.local_blocks()
-    # TP/EP on the whole model (its plan names the whole model's paths; the stages share its
-    # modules, so this rank's stages are split too), then only the stages are kept.
+    pipeline = None
+    if st.pipeline_parallel_degree > 1:  # checked on every rank before anything changes
+        pipeline = plan_pipeline(model, block_list, params=st.config)
+    # TP/EP on the whole model (its plan names the whole model's paths), then only this rank's
+    # stages are kept: they hold the modules TP/EP sharded or swapped, under the original names.
     model = apply_model_parallel(model, st, tp_plan=tp_plan, moe_config=moe_config)
-    model = staged if staged is not None else model
+    if pipeline is not None:
+        model = build_pipeline(model, pipeline, params=st.config, pp_rank=st.pp_rank)
+        block_list = model.local_blocks()
     if st.context_parallel_degree > 1:  # before checkpointing: its recompute attends across cp
         apply_context_parallel(model, block_list, context)
     if activation_kwargs is not None:
@@ -196,6 +206,7 @@ def _apply_data_parallel(
     if not uses_fsdp(st, options):
         return model
     if st.expert_mesh is not None:  # experts first: the block-level groups then skip them
+        quiet_expert_gather_advice()  # their full-tensor gathers: see quiet.py
         expert_mesh = expert_data_parallel_mesh(st.expert_mesh, st.replicate_degree)
         shard_experts_with_fsdp(
             model,
@@ -208,8 +219,10 @@ def _apply_data_parallel(
     if st.tensor_parallel_degree > 1:  # the TP outputs FSDP2 warns about: see quiet.py
         quiet_tensor_parallel_view_warnings([*find_embedding_and_head(model, blocks), model])
     if isinstance(model, PipelineModule):  # FSDP2 per stage: a stage's root is what runs
+        quiet_pipeline_stage_view_warnings(model.stage_modules)
         for stage in model.stage_modules:
             apply_fsdp(stage, mesh, blocks=stage.stage_blocks(), options=options)
+        model.refresh_tensors()  # FSDP2 replaced the tensors stages read by attribute
         return model
     return apply_fsdp(model, mesh, blocks=blocks, options=options)
 

@@ -19,7 +19,7 @@ import atexit
 import gc
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,15 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshtrain.contract import ResolvedDegrees, SMPParameters, parse_smp_parameters
 from meshtrain.contract import resolve_degrees as resolve_contract_degrees
+from meshtrain.contract._messages import hosts_and_processes
 from meshtrain.contract.distribution import read_parameters_file
 from meshtrain.contract.env import SM_HOST_COUNT
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.hyperparameters import decode_mp_parameters
 from meshtrain.contract.mesh_axes import DENSE_AXES, EXPERT_AXES, MeshAxis, axis_names
+from meshtrain.contract.phases import Phase
 from meshtrain_runtime import fault
+from meshtrain_runtime.host.phases import announce_on_rank_zero
 from meshtrain_runtime.mesh import Meshes, build_meshes
 from meshtrain_runtime.torch_api import announce_untested_torch
 
@@ -259,8 +262,14 @@ def init(config: ConfigSource = None) -> RuntimeState:
     device = _select_device()
     _created_process_group = _ensure_process_group(device) or _created_process_group
     announce_untested_torch(dist.get_rank())
+    announce_on_rank_zero(Phase.RENDEZVOUS, f"{dist.get_world_size()} ranks joined "
+                                            f"({dist.get_backend()})")
     _current = build_state(params, device=device, owns_process_group=_created_process_group)
-    _current = fault.start(_current)  # replica groups' quorum (a no-op without fault tolerance)
+    ft = fault.start(rank=_current.rank, world_size=_current.world_size,
+                     degrees=_current.degrees, device_type=_current.device.type)
+    if ft is not None:  # replica groups: this world is one group of the job's
+        _current = replace(_current, replica_group=ft.replica_group,
+                           replica_groups=ft.replica_groups)
     return _current
 
 
@@ -375,7 +384,7 @@ def _describe_world(world_size: int, local_world_size: int) -> str:
     num_hosts = int(hosts) if hosts and hosts.isdigit() else world_size // max(local_world_size, 1)
     if num_hosts * local_world_size != world_size:
         return ""
-    return f"{num_hosts} host{'s' if num_hosts != 1 else ''} x {local_world_size} processes"
+    return hosts_and_processes(num_hosts, local_world_size)
 
 
 __all__ = [

@@ -124,6 +124,7 @@ class _Runner:
             PipelineStage(stage, stage.stage_index, stage.num_stages, st.device, group=group)
             for stage in model.stage_modules
         ]
+        model.refresh_tensors()  # PipelineStage moved the stages to the device: new buffers
         cls = getattr(schedules, f"Schedule{params.pipeline_schedule}")
         single = params.pipeline_schedule in SINGLE_STAGE_SCHEDULES  # one stage, not a list
         stage_arg = self.stages[0] if single else self.stages

@@ -6,13 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from meshtrain.cli_args import json_object_arg
+from meshtrain.cli_args import channel_arg, json_object_arg
 from meshtrain.cli_export import register_export
 from meshtrain.cli_image import register_image
 from meshtrain.cli_jobs import add_job_commands
 from meshtrain.cli_slurm import register as register_slurm
 from meshtrain.contract.errors import ConfigError, JobFailedError
 from meshtrain.contract.hyperparameters import decode_hyperparameters
+from meshtrain.job import was_reported
 from meshtrain.pipes import drop_output_to_closed_pipes, send_closed_pipes_to_devnull
 from meshtrain.plan.cli import register as register_plan
 
@@ -43,13 +44,6 @@ def _merged_hyperparameters(given: list[dict]) -> dict:
     return merged
 
 
-def _channel_arg(text: str) -> tuple[str, str]:
-    channel, sep, path = text.partition("=")
-    if not sep or not channel or not path:
-        raise argparse.ArgumentTypeError(f"expected CHANNEL=PATH, e.g. train=./data, got {text!r}")
-    return channel, path
-
-
 def _add_run(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a training script as a job (Estimator(...).fit())")
     run.add_argument("entry_point")
@@ -63,7 +57,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                           "where it parses, as the host does: steps=3 is the int 3, lr=0.1 a "
                           "float, name=llama the string) or one JSON object")
     run.add_argument("--input", action="append", default=[], metavar="CHANNEL=PATH",
-                     type=_channel_arg)
+                     type=channel_arg)
     run.add_argument("--job-name")
     run.add_argument("--jobs-dir", help="where local jobs live (default ~/.meshtrain/jobs)")
     run.add_argument("--no-wait", action="store_true",
@@ -107,7 +101,7 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
                         help="the distribution dict as JSON")
     render.add_argument("--hyperparameters", type=json_object_arg, default={})
     render.add_argument("--input", action="append", default=[], metavar="CHANNEL=pvc://CLAIM",
-                        type=_channel_arg)
+                        type=channel_arg)
     render.add_argument("--output-path", help="pvc://CLAIM[/PATH] for /opt/ml/model")
     render.add_argument("--job-name", required=True)
     render.add_argument("--namespace", default="default")
@@ -164,9 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobFailedError as error:
         print(f"meshtrain: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # fit() has already said what it did with the job
-        with drop_output_to_closed_pipes():
-            print("meshtrain: interrupted", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as interrupt:  # following a job: it said what it did, in a line
+        if not was_reported(interrupt):
+            with drop_output_to_closed_pipes():
+                print("meshtrain: interrupted", file=sys.stderr, flush=True)
         return 130
     except BrokenPipeError:  # the reader went away (`meshtrain status JOB | head -1`)
         send_closed_pipes_to_devnull()

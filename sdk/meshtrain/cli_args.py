@@ -17,3 +17,11 @@ def json_object_arg(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
+
+
+def channel_arg(text: str) -> tuple[str, str]:
+    """`--input CHANNEL=PATH` (a local path or URI): (channel, path)."""
+    channel, sep, path = text.partition("=")
+    if not sep or not channel or not path:
+        raise argparse.ArgumentTypeError(f"expected CHANNEL=PATH, e.g. train=./data, got {text!r}")
+    return channel, path

@@ -2,8 +2,8 @@
 Hugging Face folder, without GPUs or a job.
 
 The client never imports torch, so the export itself runs in the runtime, as a process of this
-Python (``python -m meshtrain_runtime.export``). What can be checked without torch is checked
-here first, so a mistake is a ConfigError before any process starts.
+Python (``python -m meshtrain_runtime.checkpoint.export``). What can be checked without torch is
+checked here first, so a mistake is a ConfigError before any process starts.
 """
 
 from __future__ import annotations
@@ -71,6 +71,6 @@ def check_export(args: argparse.Namespace) -> Path:
 def run_export(args: argparse.Namespace) -> int:
     """Check, then run the runtime's exporter in a process of this Python."""
     checkpoint = check_export(args)
-    command = [sys.executable, "-m", "meshtrain_runtime.export", str(checkpoint), "--hf",
-               args.hf, *(["--config", args.config] if args.config else [])]
+    command = [sys.executable, "-m", "meshtrain_runtime.checkpoint.export", str(checkpoint),
+               "--hf", args.hf, *(["--config", args.config] if args.config else [])]
     return subprocess.run(command, check=False).returncode

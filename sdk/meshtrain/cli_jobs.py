@@ -53,7 +53,9 @@ def job_command(args: argparse.Namespace) -> int:
 
 
 def stop_job(job: TrainingJob) -> None:
-    """Stop `job` and say what happened (already ended, stopped, or stop requested)."""
+    """Stop `job` and say what happened (already ended, stopped, or stop requested); another
+    user's job is refused before anything is looked at."""
+    job.check_owner("stop")
     status = job.status
     if status in TERMINAL_STATUSES:
         leftover = job.end_leftover_processes()

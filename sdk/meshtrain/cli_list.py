@@ -1,5 +1,5 @@
-"""`meshtrain list` (jobs with their status and why they ended), `meshtrain rm JOB` and
-`meshtrain prune` (ended jobs on this machine)."""
+"""`meshtrain list` (jobs with their status, script and why they ended; `--wide`: their layout
+and source too), `meshtrain rm JOB` and `meshtrain prune` (ended jobs on this machine)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from meshtrain.cli_views import duration_text, seconds, when_text
 from meshtrain.contract._messages import did_you_mean
 from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES, stop_reason
+from meshtrain.job_layout import layout_brief
 
 LIST_LIMIT = 50
 REASON_WIDTH = 70
@@ -31,6 +32,9 @@ def add_list_commands(sub: argparse._SubParsersAction,
                          help="list the Kubernetes jobs of --namespace (the kubeconfig's cluster)")
     listing.add_argument("--max", type=_positive_int, default=LIST_LIMIT, metavar="N",
                          help=f"show at most N jobs (default {LIST_LIMIT})")
+    listing.add_argument("--wide", action="store_true",
+                         help="also each job's layout (hosts x processes, mesh axes above 1) "
+                              "and source, and reasons uncut")
     listing.set_defaults(handler=list_jobs)
     remove = sub.add_parser("rm", help="delete ended jobs on this machine (their directory: "
                                        "logs, model, checkpoints)")
@@ -88,32 +92,46 @@ def _summaries(kinds: list[str], options: dict[str, Any], limit: int) -> list[di
     return rows[:limit]
 
 
-def reason_text(row: dict[str, Any]) -> str:
-    """Why a job ended as it did, on one line ("" for a completed or running job)."""
+def reason_text(row: dict[str, Any], width: int | None = REASON_WIDTH) -> str:
+    """Why a job ended as it did, on one line ("" for a completed or running job), cut to
+    `width` characters (None: whole)."""
     if row.get("TrainingJobStatus") not in ("Failed", "Stopped"):
         return ""
     reason = stop_reason(row).removeprefix(": ").strip()
     first = reason.splitlines()[0] if reason else ""
-    return first if len(first) <= REASON_WIDTH else first[: REASON_WIDTH - 3] + "..."
+    return first if width is None or len(first) <= width else first[: width - 3] + "..."
+
+
+def _columns(row: dict[str, Any], wide: bool) -> list[str]:
+    """One row's cells, REASON last (never padded)."""
+    layout = row.get("Layout") or {}
+    end = row.get("TrainingEndTime") or (row.get("LastModifiedTime")
+                                         if row["TrainingJobStatus"] in TERMINAL_STATUSES
+                                         else time.time())
+    cells = [row["TrainingJobName"], row["TrainingJobStatus"],
+             when_text(row.get("CreationTime")), duration_text(row.get("CreationTime"), end),
+             layout.get("EntryPoint") or "-"]
+    if wide:
+        cells += [layout_brief(layout), layout.get("SourceDir") or "-"]
+    return [*cells, reason_text(row, None if wide else REASON_WIDTH)]
 
 
 def list_jobs(args: argparse.Namespace) -> int:
-    """Print jobs newest first: name, status, creation time, duration (so far) and reason."""
+    """Print jobs newest first: name, status, creation time, duration (so far), script and
+    reason; with --wide also the layout and the source."""
     kinds = _listed_kinds(args)
     rows = _summaries(kinds, lookup_options(args), args.max)
     if not rows:
         print(f"no jobs {_where(kinds, args)}")
         return 0
-    width = max(len(row["TrainingJobName"]) for row in rows)
-    print(f"{'NAME':<{width}}  {'STATUS':<10}  {'CREATED':<19}  {'DURATION':<9}  REASON")
-    for row in rows:
-        end = row.get("TrainingEndTime") or (row.get("LastModifiedTime")
-                                             if row["TrainingJobStatus"] in TERMINAL_STATUSES
-                                             else time.time())
-        line = (f"{row['TrainingJobName']:<{width}}  {row['TrainingJobStatus']:<10}  "
-                f"{when_text(row.get('CreationTime')):<19}  "
-                f"{duration_text(row.get('CreationTime'), end):<9}  {reason_text(row)}")
-        print(line.rstrip())
+    wide = getattr(args, "wide", False)
+    header = ["NAME", "STATUS", "CREATED", "DURATION", "SCRIPT"]
+    header += ["LAYOUT", "SOURCE"] if wide else []
+    table = [[*header, "REASON"], *(_columns(row, wide) for row in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:  # REASON, last, is not padded
+        cells = [cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)]
+        print("  ".join([*cells, line[-1]]).rstrip())
     sys.stdout.flush()
     return 0
 
@@ -146,6 +164,7 @@ def remove_jobs(args: argparse.Namespace) -> int:
             known = [job for backend in backends for job in backend.job_names()]
             raise ConfigError(f"{backends[0].not_found(name)} (rm deletes jobs on this machine "
                               f"only).{did_you_mean(name, known)}")
+        owner.attach(name).check_owner("remove")  # another user's job is refused
         if owner.attach(name).status not in TERMINAL_STATUSES:
             raise ConfigError(f"job {name} is still running: stop it first (`meshtrain stop "
                               f"{name}`), then remove it.")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from meshtrain.cli_args import json_object_arg
+from meshtrain.cli_args import channel_arg, json_object_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     render.add_argument("--instance-count", type=int, default=1)
     render.add_argument("--distribution", type=json_object_arg, help="the distribution as JSON")
     render.add_argument("--hyperparameters", type=json_object_arg, default={})
+    render.add_argument("--input", action="append", default=[], metavar="CHANNEL=PATH",
+                        type=channel_arg, help="an input channel, e.g. train=/shared/data "
+                        "(repeatable; a path every node sees)")
     render.add_argument("--job-name")
     render.add_argument("--jobs-dir", help="on the cluster's shared filesystem "
                                            "(default ~/.meshtrain/jobs)")
@@ -44,6 +47,6 @@ def _render(args: argparse.Namespace) -> int:
                           instance_type="slurm", instance_count=args.instance_count,
                           distribution=args.distribution, hyperparameters=args.hyperparameters,
                           output_path=args.output_path, max_run=args.max_run, **options)
-    spec = estimator.build_spec(job_name=args.job_name)
+    spec = estimator.build_spec(dict(args.input) or None, job_name=args.job_name)
     sys.stdout.write(estimator.backend.render_job(spec))
     return 0

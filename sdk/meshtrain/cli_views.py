@@ -1,5 +1,5 @@
-"""`meshtrain logs JOB [--host H] [--rank R] [--follow]`, `meshtrain plot JOB -o FILE` and the
-readable `meshtrain describe JOB`."""
+"""`meshtrain logs JOB [--host H] [--rank R] [--follow] [--debug]`, `meshtrain plot JOB -o FILE`
+and the readable `meshtrain describe JOB`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES, TrainingJob, stop_reason
+from meshtrain.job_layout import layout_rows
 
 FOLLOW_POLL_SECONDS = 0.5
 # Every line of a job's merged log starts with its source: "[algo-2] " (the host's bootstrap) or
@@ -29,6 +30,9 @@ def add_view_commands(sub: argparse._SubParsersAction, add_location: Callable[..
     logs.add_argument("--rank", type=int, help="only lines of this global rank, e.g. 3")
     logs.add_argument("--follow", "-f", action="store_true",
                       help="keep printing new lines until the job ends, then its outcome")
+    logs.add_argument("--debug", action="store_true",
+                      help="the output kept out of the job log: a fault-tolerant job's torchft "
+                           "lines, per replica group")
     add_location(logs)
     logs.set_defaults(handler=job_command, action="logs")
     plot = sub.add_parser("plot", help="plot a job's loss and throughput to a PNG (needs "
@@ -56,7 +60,8 @@ def line_matches(line: str, host: str | None, rank: int | None) -> bool:
 def print_logs(job: TrainingJob, args: argparse.Namespace) -> None:
     """The job's log lines (filtered); with --follow, until it ends, then how it ended."""
     follow = getattr(args, "follow", False)
-    for line in _lines(job, follow=follow):
+    lines = job.debug_log_lines() if getattr(args, "debug", False) else _lines(job, follow=follow)
+    for line in lines:
         if line_matches(line, getattr(args, "host", None), getattr(args, "rank", None)):
             sys.stdout.write(line + "\n")
     if follow:
@@ -132,15 +137,18 @@ def _status_text(description: dict[str, Any]) -> str:
 
 
 def describe_job(description: dict[str, Any]) -> None:
-    """Print a job's description for people: what, how it ended and why, when, where."""
+    """Print a job's description for people: what, how it ended and why, its layout (script,
+    hosts x processes, mesh), when, where."""
     resources = description.get("ResourceConfig") or {}
     end = description.get("TrainingEndTime")
+    layout = description.get("Layout")
     rows = [
         ("Job", description["TrainingJobName"]),
         ("Status", _status_text(description)),
         ("Reason", (description.get("FailureReason") or "").strip()),
         ("Instances", f"{resources.get('InstanceCount', '?')} x "
                       f"{resources.get('InstanceType', '?')}" if resources else ""),
+        *(layout_rows(layout) if layout else []),
         ("Image", (description.get("AlgorithmSpecification") or {}).get("TrainingImage", "")),
         ("Created", when_text(description.get("CreationTime"))),
         ("Training", duration_text(description.get("TrainingStartTime"), end or time.time())

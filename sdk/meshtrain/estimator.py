@@ -14,6 +14,7 @@ from meshtrain.channels import check_channel_modes
 from meshtrain.contract._messages import arguments_error_from
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.hyperparameters import encode_distribution
+from meshtrain.contract.job_environment import check_values_given
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.estimator_checks import (
     check_backend_options,
@@ -51,8 +52,9 @@ SHARED_FIELDS = (
 """JobSpec fields the Estimator takes and keeps under the same name: build_spec() and
 from_spec() are derived from this one list (tests/sdk/test_estimator_fields.py)."""
 SPEC_ONLY_FIELDS = ("job_name", "distribution", "inputs", "input_content_types", "input_configs",
-                    "region")
-"""JobSpec fields set another way: at fit(), from the validated distribution, by the backend."""
+                    "region", "model_trainer")
+"""JobSpec fields set another way: at fit(), from the validated distribution, by the backend,
+by SDK v3's ModelTrainer (meshtrain.sagemaker.train)."""
 
 
 class Estimator:
@@ -156,6 +158,7 @@ class Estimator:
         """The JobSpec `fit()` would submit; validates everything, starts nothing."""
         channels, content_types, configs = check_inputs(inputs)
         check_channel_modes(configs, self.input_mode)
+        check_values_given(self.environment)
         if job_name is not None:
             name = check_job_name(job_name)
         else:

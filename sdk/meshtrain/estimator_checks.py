@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.channels import channel_from_object
-from meshtrain.contract._messages import did_you_mean
+from meshtrain.contract._messages import did_you_mean, hosts_and_processes
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import check_fault_tolerance, check_fault_tolerance_platform
+from meshtrain.contract.fault_tolerance import check_fault_tolerance_platform
+from meshtrain.contract.fault_tolerance_checks import check_fault_tolerance
 from meshtrain.contract.support import (
     check_build_support,
     check_cpu_offload,
@@ -82,8 +83,8 @@ def check_cluster(
     degrees = None
     if config.model_parallel_enabled:
         degrees = resolve_degrees(config.smp, world, ranks_per_host=per_host,
-                                  world_description=f"{instance_count} hosts x {per_host} "
-                                                    "processes")
+                                  world_description=hosts_and_processes(instance_count,
+                                                                        per_host))
         check_build_support(config.smp, degrees.tensor_parallel_degree)
         if target.on_this_machine:
             device_type = "cuda" if local_gpu_count() else "cpu"

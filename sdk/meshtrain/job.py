@@ -5,7 +5,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import io
+import sys
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from meshtrain.contract.errors import JobFailedError
@@ -25,6 +27,50 @@ def stop_reason(description: dict[str, Any]) -> str:
         limit = description.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
         return f": {secondary}" + (f" (max_run={limit}s)" if limit else "")
     return ""
+
+
+_REPORTED = "__meshtrain_reported__"
+"""Set on a KeyboardInterrupt whose one-line report is already on stderr."""
+
+
+def reported_interrupt(message: str, *, say: bool = True) -> KeyboardInterrupt:
+    """Say `message` on stderr in one line (flushed: through a pipe whose reader Ctrl-C ended,
+    stderr still reaches the terminal; `say=False`: the caller has said it) and return the
+    KeyboardInterrupt to raise.
+
+    It stays a plain KeyboardInterrupt (a script may catch it; an uncaught one ends Python by
+    SIGINT, exit status 130), but it is marked as reported: the `meshtrain` command and an
+    uncaught end print nothing more, not a traceback of the client's polling loop.
+    """
+    if say:
+        say_on_stderr(f"meshtrain: {message}\n")
+    interrupt = KeyboardInterrupt(message)
+    setattr(interrupt, _REPORTED, True)
+    if not getattr(sys.excepthook, _REPORTED, False):
+        sys.excepthook = _quiet_for_reported(sys.excepthook)
+    return interrupt
+
+
+def say_on_stderr(text: str) -> None:
+    """Write `text` to stderr now (a stderr that is gone drops it)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def was_reported(error: BaseException) -> bool:
+    """Whether `error` is a KeyboardInterrupt reported by `reported_interrupt`."""
+    return bool(getattr(error, _REPORTED, False))
+
+
+def _quiet_for_reported(previous: Any) -> Any:
+    def hook(kind: type[BaseException], value: BaseException,
+             traceback: TracebackType | None) -> None:
+        if not was_reported(value):
+            previous(kind, value, traceback)
+
+    setattr(hook, _REPORTED, True)
+    return hook
 
 
 class TrainingJob(abc.ABC):
@@ -53,9 +99,29 @@ class TrainingJob(abc.ABC):
     def name(self) -> str:
         return self.job_name
 
+    def log_location(self) -> str | None:
+        """Where the job's log is kept, in words a user can follow (None: only `meshtrain
+        logs` reads it)."""
+        return None
+
+    def stop_hint(self) -> str:
+        """How to stop the job, as its first line says it."""
+        return f"meshtrain stop {self.job_name} (Ctrl-C only stops following it)"
+
+    def start_line(self) -> str:
+        """What following a job shows first: its name, where its logs are, how to stop it."""
+        where = self.log_location()
+        return (f"[meshtrain] job {self.job_name} · logs: meshtrain logs {self.job_name} -f"
+                f"{f' ({where})' if where else ''} · stop: {self.stop_hint()}")
+
     def end_leftover_processes(self) -> int:
         """End processes an ended job left behind; how many. Only local jobs can have any."""
         return 0
+
+    def check_owner(self, action: str) -> None:
+        """ConfigError unless this user may `action` (stop, remove) the job. Jobs on this
+        machine check their owner; a remote service (SageMaker, Kubernetes) decides itself."""
+        return None
 
     def log_lines(self) -> Iterator[str]:
         """The job's log so far, line by line (what `logs()` prints; backends may stream it)."""
@@ -63,6 +129,11 @@ class TrainingJob(abc.ABC):
         with contextlib.redirect_stdout(buffer):
             self.logs()
         yield from buffer.getvalue().splitlines()
+
+    def debug_log_lines(self) -> Iterator[str]:
+        """Output kept out of the job log for its volume (a fault-tolerant job's torchft
+        lines, per replica group); none where a backend keeps no such file."""
+        return iter(())
 
     @property
     def status(self) -> str:

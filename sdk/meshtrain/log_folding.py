@@ -10,7 +10,9 @@ that ``wait()`` / ``fit()`` prints condenses it:
   left out: the failure reason lists those ranks as consequences;
 - C++ backtraces (``Exception raised from ...`` and ``frame #N: ...`` lines, e.g. a TCPStore
   ``recvValueWithTimeout`` trace when a peer exits first) and torchelastic's per-worker
-  "closing signal" / "failed (exitcode ...)" log lines are left out.
+  "closing signal" / "failed (exitcode ...)" log lines are left out;
+- the hosts' and rank 0's phase lines (``[meshtrain phase] ...``) are left out: the view says
+  each phase once in its own words (display.py).
 
 Set ``MESHTRAIN_LOG_VIEW=full`` in the client's environment to see every line as it is.
 """
@@ -21,6 +23,7 @@ import os
 import re
 
 from meshtrain.contract.failures import SECONDARY_ERROR
+from meshtrain.contract.phases import PHASE_LINE_PREFIX
 
 LOG_VIEW_ENV = "MESHTRAIN_LOG_VIEW"
 _PREFIX = re.compile(r"^(\[algo-\d+(?: rank (\d+))?\] ?)")
@@ -47,7 +50,8 @@ class LogFolder:
         match = _PREFIX.match(line)
         prefix, rank = (match.group(1), match.group(2)) if match else ("", None)
         body = line[len(prefix):]
-        if _CPP_TRACE.match(body.lstrip()) or _ELASTIC_NOISE.match(body):
+        if (_CPP_TRACE.match(body.lstrip()) or _ELASTIC_NOISE.match(body)
+                or body.startswith(PHASE_LINE_PREFIX)):
             return []
         block = self._open.get(prefix)
         if body.startswith("Traceback (most recent call last):"):

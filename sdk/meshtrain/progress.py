@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshtrain.contract.metrics import MetricRecord, parse_metric_records
+from meshtrain.contract.phases import Phase, parse_phase_line
 
 TOTAL_STEPS_METRIC = "train:total_steps"
 TOTAL_STEPS_HYPERPARAMETERS = ("max_steps", "total_steps")
@@ -151,6 +152,25 @@ class ProgressTracker:
             return None
         live, groups, goodput, recoveries = (self.values[name] for name in names)
         return int(live), int(groups), goodput, int(recoveries)
+
+
+class StartPhases:
+    """The phases of a job's start (meshtrain.contract.phases) as its log announces them: each
+    phase once, from the first host or rank that reaches it."""
+
+    def __init__(self) -> None:
+        self.seen: set[Phase] = set()
+        self.latest: str | None = None
+        """The latest phase's detail (what the live line shows until the first step)."""
+
+    def feed(self, line: str) -> str | None:
+        """The detail of a phase `line` announces for the first time, else None."""
+        record = parse_phase_line(line)
+        if record is None or record.phase in self.seen:
+            return None
+        self.seen.add(record.phase)
+        self.latest = record.detail
+        return record.detail
 
 
 def progress_of_log(lines: Any, hyperparameters: Mapping[str, Any] | None = None,

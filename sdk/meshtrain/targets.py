@@ -193,6 +193,15 @@ def resolve_target(instance_type: Any) -> Target:
     return Target(kind, instance_type, gpus, row)
 
 
+def model_trainer_instance_type(instance_type: str | None, local_container: bool) -> str:
+    """The target of SageMaker SDK v3's ModelTrainer `compute.instance_type`: unset is
+    meshtrain's default, 'local'; `Mode.LOCAL_CONTAINER` runs on local Docker, with this
+    machine's GPUs for 'local_gpu' (as the SDK's local containers get them)."""
+    if local_container:
+        return "local_gpu" if instance_type == "local_gpu" else "local_docker"
+    return instance_type or "local"
+
+
 def target_of(instance_type: str, given: Target | None) -> Target:
     """`given` when it resolved `instance_type`, else `instance_type` resolved now (a backend
     made without a target, e.g. to attach, that is then asked to validate a spec)."""

@@ -3,7 +3,9 @@
 The smoke run checks the script that a session lent a GPU will run (its sections, its report,
 its exit status) and the numerical checks of the `gpu` tier whose arithmetic also runs on CPU.
 It fails when a section of the report is missing or empty, or when one of those checks fails;
-both failures are shown here on purpose-made inputs.
+both failures are shown here on purpose-made inputs, as are a section whose runner crashes
+(recorded as failed, the next sections still run) and a run stopped by SIGTERM (every section
+still in the report, the unfinished ones cut with why).
 """
 
 from __future__ import annotations
@@ -21,14 +23,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 CPU_CASES = {  # the gpu tier's cases that run on CPU in the smoke run
-    "test_bf16_mixed_precision_tracks_fp32", "test_checkpointing_matches_eager",
+    "test_bf16_mixed_precision_tracks_fp32", "test_checkpointing_matches_eager[full]",
+    "test_checkpointing_matches_eager[selective]",
     "test_activation_offloading_moves_the_inputs_and_matches", "test_fused_adamw_matches_foreach",
     "test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf",
+    "test_fp16_scaled_gradients_track_fp32_over_a_series",
     "test_grouped_expert_matmuls_match_a_dense_reference[dtype0]",
     "test_grouped_expert_matmuls_match_a_dense_reference[dtype1]",
+    *(f"test_context_parallel_blockwise_attention_matches_sdpa[{dtype}-{cp}]"
+      for dtype in ("fp32", "bf16") for cp in (2, 4)),
+    "test_zero_bubble_split_backward_matches_one_backward[plain]",
+    "test_zero_bubble_split_backward_matches_one_backward[checkpointed]",
 }
-CUDA_ONLY = {"test_cpu_offload_matches_the_device_run", "test_compile_matches_eager",
-             "test_fp8_linears_track_bf16"}
+CUDA_ONLY = {"test_cpu_offload_matches_the_device_run", "test_compile_matches_eager[full]",
+             "test_compile_matches_eager[selective]", "test_fp8_linears_track_bf16"}
 
 
 def _module(name: str):
@@ -86,11 +94,12 @@ def test_smoke_planner_and_throughput_sections(smoke: dict[str, Any]) -> None:
     sections = smoke["report"]["sections"]
     rows = sections["planner"]["rows"]
     assert {(r["layout"], r["phase"]) for r in rows} == {
-        (layout, phase) for layout in ("fsdp", "ac", "ac_offload")
+        (layout, phase) for layout in ("fsdp", "ac", "ac_offload", "sac")
         for phase in ("forward", "loss", "backward", "optimizer_step")}
     assert all(r["measured_bytes"] > 0 and r["planned_bytes"] > 0 for r in rows)
+    assert all(r["shape"]["layers"] == 2 and "params" in r for r in rows)  # replayable
     compared = {c["setup"]: c for c in sections["throughput"]["comparisons"]}
-    assert set(compared) == {"ac", "ac_offload_fused"}
+    assert set(compared) == {"ac", "sac", "ac_offload_fused"}
     for row in compared.values():
         assert row["first_loss_difference"] < 1e-6
         assert "5 FSDP groups" in row["layout"]
@@ -120,6 +129,65 @@ def test_the_script_exits_1_when_its_report_misses_a_section(
     code = gpu_check.main(["--smoke", "--only", "docker", "--out", str(tmp_path)])
     assert code == 1
     assert "gpu-check: section missing: extra" in capsys.readouterr().err
+
+
+def _fast_sections(gpu_check, monkeypatch: pytest.MonkeyPatch, **runners) -> None:
+    """Every section's runner replaced by a quick one (`runners` for the named ones)."""
+    results = {"pytest": {"tests": [{"test": "t.py::test_x", "outcome": "passed",
+                                     "seconds": 0.1}]},
+               "planner": {"rows": [{"layout": "fsdp", "phase": "loss", "measured_bytes": 1,
+                                     "planned_bytes": 1, "ratio": 1.0}]},
+               "throughput": {"pairs": [{"setup": "ac"}], "table": "| variant |"},
+               "docker": {"job": {"output": "ok"}}}
+
+    def passed(name: str):
+        return lambda args, cap, work: {"status": "passed", "seconds": 0.1, **results[name]}
+
+    fast = {name: runners.get(name, passed(name)) for name in gpu_check.SECTION_RUNNERS}
+    monkeypatch.setattr(gpu_check, "SECTION_RUNNERS", fast)
+
+
+def test_a_crashing_section_is_recorded_failed_and_the_rest_still_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu_check = _module("gpu_check")
+
+    def crash(args, cap, work):
+        raise RuntimeError("planner broke")
+
+    _fast_sections(gpu_check, monkeypatch, planner=crash)
+    assert gpu_check.main(["--smoke", "--out", str(tmp_path)]) == 1
+    (report_file,) = tmp_path.glob("gpu-cpu-*.json")
+    sections = json.loads(report_file.read_text())["sections"]
+    assert sections["planner"]["status"] == "failed"
+    assert "RuntimeError: planner broke" in sections["planner"]["reason"]
+    assert [sections[n]["status"] for n in ("pytest", "throughput", "docker")] == ["passed"] * 3
+
+
+def test_a_run_stopped_by_sigterm_keeps_every_section_in_its_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM while the throughput section runs (a device call's time limit): the report on
+    disk holds all four sections, the finished ones as they ended, the rest cut with why."""
+    import signal
+
+    gpu_check = _module("gpu_check")
+
+    def stopped(args, cap, work):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the section")
+
+    _fast_sections(gpu_check, monkeypatch, throughput=stopped)
+    assert gpu_check.main(["--smoke", "--out", str(tmp_path)]) == 1
+    (report_file,) = tmp_path.glob("gpu-cpu-*.json")
+    report = json.loads(report_file.read_text())
+    report_format = _module("gpu_check_report")
+    assert report_format.problems(report) == []  # no section missing
+    statuses = {name: s["status"] for name, s in report["sections"].items()}
+    assert statuses == {"pytest": "passed", "planner": "passed", "throughput": "cut",
+                        "docker": "cut"}
+    for name in ("throughput", "docker"):
+        assert report["sections"][name]["reason"] == (
+            "stopped by signal SIGTERM before this section finished")
+    assert "MISSING" not in report_file.with_suffix(".md").read_text()
 
 
 @pytest.mark.multiprocess  # a smoke run of the benchmark: torchrun / subprocess ranks

@@ -43,7 +43,7 @@ def test_smoke_pairs_compare_the_same_model(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     runs, args = result["results"], result["args"]
     assert [pair["setup"] for pair in result["pairs"]] == bench.SMOKE_PAIRS
-    for setup in ("ac", "ac_fused", "none", "ac_offload_fused"):
+    for setup in ("ac", "sac", "ac_fused", "none", "ac_offload_fused"):
         ours, theirs = runs[f"transform_{setup}"], runs[f"torch_{setup}"]
         assert ours["skipped"] is None and theirs["skipped"] is None
         assert ours["first_loss"] == pytest.approx(theirs["first_loss"], abs=1e-6), setup
@@ -63,7 +63,7 @@ def test_smoke_pairs_compare_the_same_model(tmp_path: Path) -> None:
         assert "nothing to offload from" in runs[f"{side}_ac_cpu_offload_fused"]["skipped"]
         assert "compute capability 9.0" in runs[f"{side}_fp8_compile_fused"]["skipped"]
     assert [row["setup"] for row in result["comparisons"]] == [
-        "ac", "ac_fused", "none", "ac_offload_fused"]
+        "ac", "sac", "ac_fused", "none", "ac_offload_fused"]
 
 
 def test_a_pair_whose_layouts_differ_is_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,6 +116,24 @@ def test_the_goal_is_read_on_the_compiled_checkpointed_pair() -> None:
         "goal_met"] is False
     assert "goal" not in bench.comparison(pair("ac", [1.5], (0.1, 0.15)))
     assert bench.comparison({"setup": "ac", "skipped": "out of memory", "results": {}}) is None
+
+
+def test_the_selective_goal_needs_the_ratio_and_40_percent_mfu() -> None:
+    """sac_compile_fused (issue 47): transform / torch <= 1.02 and transform's MFU >= 40 %."""
+    bench = _bench()
+
+    def pair(ratio: float, mfu: float) -> dict:
+        side = {"skipped": None, "step_s": 0.15, "first_loss": 2.0, "mfu": mfu,
+                "tokens_per_s": 1.0, "peak_allocated_bytes": None}
+        return {"setup": "sac_compile_fused", "skipped": None, "round_ratios": [ratio],
+                "layout_text": "L", "results": {"torch_sac_compile_fused": side,
+                                                "transform_sac_compile_fused": side}}
+
+    assert bench.PAIRS[0] == "sac_compile_fused"
+    assert bench.comparison(pair(1.01, 0.41))["goal_met"] is True
+    assert bench.comparison(pair(1.01, 0.39))["goal_met"] is False  # fast enough, MFU short
+    assert bench.comparison(pair(1.03, 0.45))["goal_met"] is False
+    assert "MFU 41.0 %" in bench.report([pair(1.01, 0.41)], "H200")
 
 
 def test_without_a_gpu_it_says_so_and_exits_2() -> None:

@@ -22,7 +22,8 @@ def test_local_docker_example_matches_local_processes(docker_engine, meshtrain_i
                          cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "building" not in run.stderr  # the image of this version was already there
-    assert "[algo-1 rank 0] step 0 loss" in run.stdout  # the containers' merged, prefixed log
+    # the containers' merged, prefixed log (each step's loss once: its metric line)
+    assert "[algo-1 rank 0] [meshtrain metric] train:loss=" in run.stdout
     gap = float(re.search(r"largest difference per step (\S+)", run.stdout).group(1))
     assert gap <= 1e-5, run.stdout[-2000:]
     docker_loss = float(re.search(r"local_docker: final loss (\S+)", run.stdout).group(1))

@@ -12,11 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
+from job_privacy import (
+    open_directory,
+    open_modes,
+    readable_by_other_user,
+    require_other_user,
+    umask,
+)
 
 from meshtrain import Estimator, JobFailedError
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
+CORPUS = ROOT / "examples" / "data" / "corpus"  # the quickstart's `train` channel
 SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
 TWO_BY_TWO = {"torch_distributed": {"enabled": True, "processes_per_host": 2}}
 QUICKSTART_DISTRIBUTION = {**TWO_BY_TWO, "smdistributed": {"modelparallel": {
@@ -36,7 +44,7 @@ def run_quickstart(instance_type: str, options: dict) -> tuple[float, float, dic
                           instance_count=2, hyperparameters={"steps": 4, "lr": 3e-3},
                           distribution=QUICKSTART_DISTRIBUTION, environment=ENV, **options)
     start = time.monotonic()
-    job = estimator.fit(wait=False)
+    job = estimator.fit(inputs={"train": str(CORPUS)}, wait=False)
     first_step = None
     while first_step is None and job.describe()["TrainingJobStatus"] == "InProgress":
         if any(LOSS.search(line) for line in job.log_lines()):
@@ -49,7 +57,17 @@ def run_quickstart(instance_type: str, options: dict) -> tuple[float, float, dic
     return first_step or float("nan"), time.monotonic() - start, losses
 
 
-def test_quickstart_on_two_containers_matches_local_processes(docker_engine, home):
+@pytest.fixture
+def open_home(monkeypatch):
+    """MESHTRAIN_HOME, not made yet, in a 0755 directory, under umask 022 (issue 43)."""
+    require_other_user()
+    with open_directory() as base, umask(0o022):
+        monkeypatch.setenv("MESHTRAIN_HOME", str(base / "home"))
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        yield base / "home"
+
+
+def test_quickstart_on_two_containers_matches_local_processes(docker_engine, open_home):
     docker_first, docker_total, docker_losses = run_quickstart("local_docker",
                                                                docker_engine.options())
     local_first, local_total, local_losses = run_quickstart("local", {})
@@ -61,6 +79,10 @@ def test_quickstart_on_two_containers_matches_local_processes(docker_engine, hom
         assert docker_losses[step] == pytest.approx(loss, abs=1e-5)
     assert docker_engine.daemon.docker("ps", "-aq").split() == []
     assert docker_engine.daemon.docker("network", "ls", "-q", "--filter", "type=custom") == ""
+    # issue 43: what the containers wrote through their bind mounts (each host's /opt/ml, its
+    # work folder, the checkpoint folder) is as private as what the client wrote
+    assert readable_by_other_user(open_home) == []
+    assert open_modes(open_home) == []
 
 
 def test_a_failing_host_names_the_root_cause_and_leaves_nothing(docker_engine, home):
@@ -125,7 +147,10 @@ def test_ctrl_c_in_wait_stops_the_job_and_removes_everything(docker_engine, home
     finally:
         if client.poll() is None:
             client.kill()
-    assert client.returncode != 0 and "training job ctrl-c-in-wait was stopped" in errors, errors
+    # one line on stderr, then the script ends by SIGINT without a traceback (issue 46)
+    assert client.returncode == -signal.SIGINT and errors.splitlines() == [
+        "meshtrain: Ctrl-C: stopping job ctrl-c-in-wait ... stopped; its log: meshtrain logs "
+        "ctrl-c-in-wait"], errors
     job = Estimator.attach("ctrl-c-in-wait").latest_training_job
     assert job.describe()["TrainingJobStatus"] == "Stopped"
     assert job.leftovers() == ([], [])

@@ -1,5 +1,7 @@
-"""Ctrl-C through a real pipe whose reader has gone (`python launch.py | head -n 2`), and every
-CLI command's output to a closed pipe: the job still stops, and nothing prints a traceback."""
+"""Ctrl-C through a real pipe whose reader has gone (`python launch.py | head -n 2`, as a `| tee`
+the same Ctrl-C ended), from fit(), a script's own wait() and `meshtrain run`, and every CLI
+command's output to a closed pipe: the job still stops, the client says so in one line on
+stderr, and nothing prints a traceback."""
 
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ from meshtrain import Estimator
 estimator = Estimator("print_forever.py", source_dir={str(SCRIPTS)!r}, instance_count=2)
 """
 LAUNCHES = {
-    "fit": ESTIMATOR + f"estimator.fit(job_name={JOB!r})\n",
+    "fit": ["-c", ESTIMATOR + f"estimator.fit(job_name={JOB!r})\n"],
     # a script that waits on the handle itself: the backend's own wait() must drop the writes
-    "wait": ESTIMATOR + f"estimator.fit(job_name={JOB!r}, wait=False).wait()\n",
+    "wait": ["-c", ESTIMATOR + f"estimator.fit(job_name={JOB!r}, wait=False).wait()\n"],
+    "cli": ["-m", "meshtrain.cli", "run", "print_forever.py", "--source-dir", str(SCRIPTS),
+            "--instance-count", "2", "--job-name", JOB],
 }
+STOPPED = (f"meshtrain: Ctrl-C: stopping job {JOB} ... stopped; its log: meshtrain logs {JOB}")
 pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
 
 
@@ -58,15 +63,15 @@ def _to_closed_pipe(*argv: str) -> subprocess.CompletedProcess:
 def test_ctrl_c_after_the_pipes_reader_left_stops_the_job_without_a_traceback(
     home, tmp_path, launch
 ):
-    (tmp_path / "launch.py").write_text(LAUNCHES[launch])
     reader = subprocess.Popen(["head", "-n", "2"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        client = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path,
+        client = subprocess.Popen([sys.executable, *LAUNCHES[launch]], cwd=tmp_path,
                                   stdout=reader.stdin, stderr=stderr)
     reader.stdin.close()  # the client holds the pipe's only write end
     try:
-        assert len(reader.stdout.read().splitlines()) == 2  # EOF: head has gone
+        first = reader.stdout.read().splitlines()  # EOF: head has gone
+        assert len(first) == 2 and first[0].startswith(f"[meshtrain] job {JOB} · logs: "), first
         reader.wait(timeout=10)
         _wait_for_log(home, "tick 30", client)  # the client has written to the closed pipe
         assert client.poll() is None, "a closed stdout ended the client"
@@ -80,8 +85,9 @@ def test_ctrl_c_after_the_pipes_reader_left_stops_the_job_without_a_traceback(
             if job.status not in ("Stopped", "Completed", "Failed"):
                 job.stop()
     errors = (tmp_path / "stderr.txt").read_text()
-    assert client.returncode != 0 and f"training job {JOB} was stopped (Ctrl-C)" in errors
-    assert "BrokenPipeError" not in errors and "Exception ignored" not in errors
+    # one line, flushed before the client ended; exit by SIGINT (a script), 130 (the command)
+    assert errors.splitlines() == [STOPPED], errors
+    assert client.returncode == (130 if launch == "cli" else -signal.SIGINT)
     job = Estimator.attach(JOB).latest_training_job
     assert job.status == "Stopped"
     assert job.processes() == []

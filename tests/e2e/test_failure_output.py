@@ -4,10 +4,12 @@ A real 2 x 2 local job where rank 2 raises and its three peers die in the all-re
 joins. The client runs as a user's launch script would (stdout a pipe, so plain lines): before
 the fix it printed 130-250 lines (every peer's traceback, torchrun's ChildFailedError and its
 failure banner per host); the job's log still holds every line (`meshtrain logs JOB --rank N`).
+Issue 46: the traceback names the user's file (`scripts/fail_in_step.py`), not the job's copy.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -68,3 +70,15 @@ def test_the_full_traceback_is_one_command_away(client_output):
     assert done.returncode == 0, done.stderr
     assert "[algo-2 rank 2] Traceback (most recent call last):" in done.stdout
     assert 'raise ValueError(f"learning rate must be positive, got {lr}")' in done.stdout
+
+
+def test_the_traceback_names_the_users_file_not_the_jobs_copy(client_output):
+    lines, jobs = client_output
+    user_file = f'File "{SCRIPTS / "fail_in_step.py"}", line '
+    log = (jobs / "fails" / "job.log").read_text()
+    assert f"[algo-2 rank 2]   {user_file}" in log and "opt/ml/code/fail_in_step.py" not in log
+    # the failure reason (fit()'s JobFailedError) carries the same frames, as far as
+    # SageMaker's 1024-character cut leaves them
+    record = (jobs / "fails" / "hosts" / "algo-2" / "work" / "rank-errors" / "rank-2.json")
+    assert user_file in json.loads(record.read_text())["traceback"]
+    assert "opt/ml/code/fail_in_step.py" not in "\n".join(lines)

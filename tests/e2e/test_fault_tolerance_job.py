@@ -1,30 +1,47 @@
-"""Issue 36's acceptance, through the Estimator: a dead rank does not stop the job.
+"""Issue 42's acceptance, through the Estimator, as a user meets it: the docs' lead example.
 
-One local job, 2 hosts x 2 processes, hybrid_shard_degree 2, ``fault_tolerance: {"replica_groups":
-2}``, the plain hybrid-sharded script scripts/ft_hsdp_train.py (it saves no checkpoint). Once
-group 1 has committed a few steps, the test SIGKILLs one of its ranks (found among the job's
-processes); the backend restarts only group 1's host, which heals from group 0 and trains on.
-Every check reads the job's own records: the groups' step lines (replica-<g>.jsonl), the ranks'
-step and digest files, status.json and describe().
+One local job, 2 hosts x 2 processes, hybrid_shard_degree 2, ``fault_tolerance:
+{"replica_groups": 2}`` and nothing else (no max_restarts), the plain hybrid-sharded script
+scripts/ft_hsdp_train.py running a loop of its own counter: 240 steps of about 0.25 s (0.25 s of
+"data loading" each). Once group 1 has committed 10 steps the test SIGKILLs one of its ranks and
+then only watches: nothing holds, delays or orders the restart. Every check reads the job's own
+records (the groups' step lines, the groups' markers, the ranks' step files, status.json,
+describe(), the job log) and measures the issue's definitions as given:
+
+- group 1 is restarted and commits a step again within 30 s of the kill;
+- group 0 never goes more than 5 s without a committed step, from its last step before the kill
+  (failure detection included) until group 1 is back;
+- no group steps after another finished: no step of another group began after the first
+  finished group's finish (its marker), none is numbered past its last;
+- the job Completes; one-process replays, bitwise equal shards and describe() as before.
+
+On a quiet 2-core box (load <= 4) the bounds hold by design: the survivors' pause is the
+lighthouse's 2-s heartbeat timeout plus a step, and group 1 joins only once it can step. This
+machine is shared, so a run here under a higher load may fail a bound; the lead runs this file
+on a quiet box (docs/fault-tolerance.md, "Tests and measured figures").
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
+import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
 from ft_jobs import rank_of_group, wait_for
+from job_privacy import Listener, listeners
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts.processes import pids_of_job
+from meshtrain.contract.fault_tolerance import FINISHED, SUPERSEDED, read_markers
 
 torch = import_or_skip("torch")
 import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure under CI
@@ -36,10 +53,12 @@ _spec.loader.exec_module(script)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
 SHARD, GROUPS = 2, 2
-KILL_AFTER_STEPS = 3  # group 1 commits this many steps before one of its ranks is killed
-STEPS_AFTER_REJOIN = 3
-DISTRIBUTION = {
-    "torch_distributed": {"enabled": True, "processes_per_host": SHARD, "max_restarts": 1,
+STEPS, DELAY = 240, 0.25
+KILL_AT_STEP = 10  # group 1 has committed this many steps when one of its ranks is killed
+REJOIN_BOUND = 30.0  # the issue's: group 1 steps again within 30 s of the kill
+SURVIVOR_GAP_BOUND = 5.0  # the issue's: group 0 never 5 s without a committed step
+DISTRIBUTION = {  # the docs' lead example: fault_tolerance and nothing else
+    "torch_distributed": {"enabled": True, "processes_per_host": SHARD,
                           "fault_tolerance": {"replica_groups": GROUPS}},
     "smdistributed": {"modelparallel": {"enabled": True,
                                         "parameters": {"hybrid_shard_degree": SHARD}}},
@@ -52,6 +71,8 @@ class Run:
     killed_at: float
     killed_pid: int
     lighthouse_pid: int
+    listening: list[Listener] = field(default_factory=list)
+    """The job's listening sockets while both groups stepped, and after group 1 rejoined."""
 
     def data_dir(self, group: int) -> Path:
         return self.job.job_dir.host_paths(f"algo-{group + 1}").output_data_dir
@@ -66,25 +87,21 @@ class Run:
         path = self.data_dir(dp_rank // SHARD) / f"ft-steps-dp{dp_rank}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def digest(self, dp_rank: int) -> dict[str, Any]:
-        return json.loads((self.data_dir(dp_rank // SHARD) / f"ft-digest-dp{dp_rank}.json")
-                          .read_text())
-
     def events(self) -> list[dict[str, Any]]:
         return self.job.job_dir.read_status().get("FaultToleranceEvents", [])
 
-
-def _steps_alone(run: Run) -> int:
-    return sum(r["committed"] and r["participants"] == [0] and r["time"] > run.killed_at
-               for r in run.records(0))
+    def markers(self, kind: str) -> dict[int, dict[str, Any]]:
+        return read_markers(self.job.job_dir.root / "fault_tolerance", kind)
 
 
 def _rejoined(run: Run) -> bool:
-    events = run.events()
-    if not events or "RestartedAt" not in events[0]:
-        return False
-    return any(r["committed"] and 1 in r["participants"] and r["time"] > events[0]["RestartedAt"]
+    """Group 1 committed a step with itself in the quorum after the kill."""
+    return any(r["committed"] and 1 in r["participants"] and r["time"] > run.killed_at
                for r in run.records(1))
+
+
+def _in_progress(job: Any) -> bool:
+    return job.job_dir.read_status()["TrainingJobStatus"] == "InProgress"
 
 
 @pytest.fixture(scope="module")
@@ -92,27 +109,24 @@ def run(tmp_path_factory) -> Run:
     patch = pytest.MonkeyPatch()
     patch.setenv("OMP_NUM_THREADS", "1")
     home = tmp_path_factory.mktemp("fault_tolerance")
-    shared = home / "shared"
-    shared.mkdir()
     job = Estimator("ft_hsdp_train.py", source_dir=str(SCRIPTS), instance_count=2,
                     jobs_dir=str(home / "jobs"), distribution=DISTRIBUTION, max_run=900,
-                    environment={"FT_TEST_DIR": str(shared)}).fit(wait=False, job_name="ft")
+                    hyperparameters={"max-steps": STEPS, "delay": DELAY},
+                    environment={"FT_TEST_DIR": str(home)}).fit(wait=False, job_name="ft")
     try:
         probe = Run(job, 0.0, 0, 0)
-        wait_for("group 1 to commit steps", lambda: sum(
-            r["committed"] for r in probe.records(1)) >= KILL_AFTER_STEPS, job)
+        wait_for(f"group 1 to commit {KILL_AT_STEP} steps", lambda: sum(
+            r["committed"] for r in probe.records(1)) >= KILL_AT_STEP, job)
+        listening = listeners(pids_of_job(job.token))  # lighthouse, stores, torchft, gloo
         pid = rank_of_group(job.token, 1, 1)
         assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
         lighthouse = job.job_dir.read_status()["FaultToleranceLayout"]["LighthousePid"]
-        hold = shared / "hold-restart"  # the restarted group waits before init() while it exists
-        hold.write_text("")
-        killed = Run(job, time.time(), pid, lighthouse)
+        killed = Run(job, time.time(), pid, lighthouse, listening)
         os.kill(pid, signal.SIGKILL)
-        wait_for("group 0 to step alone", lambda: _steps_alone(killed) >= KILL_AFTER_STEPS, job)
-        hold.unlink()
-        wait_for("group 1 to rejoin", lambda: _rejoined(killed), job)
-        last = max(r["step"] for r in killed.records(0))
-        (shared / "stop-at").write_text(str(last + STEPS_AFTER_REJOIN))
+        while not _rejoined(killed) and _in_progress(job):  # watching, not holding
+            time.sleep(0.2)
+        if _rejoined(killed):  # its new ranks' sockets too (a rejoin is checked below)
+            killed.listening += listeners(pids_of_job(job.token))
         job.wait(logs=False)
     finally:
         if job.job_dir.read_status()["TrainingJobStatus"] == "InProgress":
@@ -125,10 +139,12 @@ def _committed(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in records if r["committed"]}
 
 
-def _rejoin_time(run: Run) -> float:
-    restarted = run.events()[0]["RestartedAt"]
-    return min(r["time"] for r in run.records(1)
-               if r["committed"] and 1 in r["participants"] and r["time"] > restarted)
+def _back(run: Run) -> dict[str, Any]:
+    """Group 1's first committed step after the kill (with itself in the quorum)."""
+    back = [r for r in run.records(1) if r["committed"] and r["time"] > run.killed_at
+            and 1 in r["participants"]]
+    assert back, f"group 1 never stepped again\n{run.job.job_dir.log_file.read_text()[-4000:]}"
+    return min(back, key=lambda r: r["time"])
 
 
 def test_the_job_completes_and_no_process_outlives_it(run):
@@ -139,9 +155,21 @@ def test_the_job_completes_and_no_process_outlives_it(run):
         f"/proc/{run.lighthouse_pid}/stat").read_text().split()[2] == "Z"
 
 
-def test_only_the_killed_group_was_restarted(run):
+def test_no_socket_of_the_job_listens_beyond_loopback(run):
+    """Issue 43: every service of a local fault-tolerant job (torchft's lighthouse, each group's
+    rendezvous store, Manager server and healing transport, gloo's pairs) listens on loopback,
+    before the kill and after the rejoin."""
+    assert run.lighthouse_pid in {s.pid for s in run.listening}
+    for kind in ("agent_entry", "rank_entry"):  # the groups' stores; torchft and gloo
+        assert any(kind in s.command for s in run.listening), (kind, run.listening)
+    assert [s for s in run.listening if not s.loopback] == [], run.listening
+
+
+def test_the_lead_example_restarts_the_killed_group_by_itself(run):
     (event,) = run.events()
     assert event["ReplicaGroup"] == 1 and "SIGKILL" in event["FailureReason"]
+    assert "RestartedAt" in event  # no max_restarts given: the default budget restarted it
+    assert run.job.describe()["FaultTolerance"]["RestartsPerGroup"] == 3
     attempts = run.job.job_dir.root / "hosts"
     assert (attempts / "algo-2" / "attempts" / "1").is_dir()
     assert not (attempts / "algo-1" / "attempts").exists()
@@ -149,42 +177,79 @@ def test_only_the_killed_group_was_restarted(run):
     assert "replica group 1 (algo-2) failed" in log and "restarting only its hosts" in log
 
 
-def test_the_other_group_keeps_stepping_through_the_failure(run):
-    survivor = _committed(run.records(0))
-    assert sorted(survivor) == list(range(len(survivor)))  # the counter never stalls or resets
-    alone = [r for r in survivor.values() if r["participants"] == [0]
-             and run.killed_at < r["time"] < _rejoin_time(run)]
-    assert len(alone) >= 3, [(r["step"], r["participants"]) for r in survivor.values()]
+def test_group_1_steps_again_within_30_s_of_the_kill(run):
+    back = _back(run)
+    assert back["time"] - run.killed_at <= REJOIN_BOUND, back["time"] - run.killed_at
+    assert back["healed"] and back["step"] > KILL_AT_STEP  # from its live peer
 
 
-def test_the_killed_group_rejoins_within_30_s_of_its_restart(run):
+def test_group_0_never_goes_5_s_without_a_committed_step_until_group_1_is_back(run):
+    back = _back(run)
+    times = sorted(r["time"] for r in run.records(0) if r["committed"])
+    start = max(t for t in times if t <= run.killed_at)  # its last step before the kill
+    end = min(t for t in times if t >= back["time"] - 1e-3)  # the step group 1 came back in
+    window = [t for t in times if start <= t <= end]
+    gaps = [b - a for a, b in itertools.pairwise(window)]
+    assert gaps and max(gaps) <= SURVIVOR_GAP_BOUND, max(gaps, default=None)
     (recovery,) = run.job.describe()["FaultTolerance"]["Recoveries"]
-    assert recovery["ReplicaGroup"] == 1 and recovery["Rejoined"]
-    assert recovery["RejoinSecondsAfterRestart"] <= 30, recovery
-    first_back = min((r for r in run.records(1) if r["time"] > run.events()[0]["RestartedAt"]),
-                     key=lambda r: r["time"])
-    assert first_back["healed"] and first_back["step"] > KILL_AFTER_STEPS  # from a live peer
+    assert recovery["SurvivorGapSeconds"] <= max(gaps) + 1e-3  # what describe() measures
 
 
-def test_same_shard_coordinates_hold_bitwise_equal_state(run):
+def test_no_group_steps_after_another_finished(run):
+    finished = run.markers(FINISHED)
+    assert finished, "no group marked itself finished"
+    first = min(finished, key=lambda g: finished[g]["time"])
+    last_step = max(r["step"] for r in run.records(first) if r["committed"])
+    assert finished[first]["committed_steps"] == last_step + 1
+    for group in set(range(GROUPS)) - {first}:
+        records = run.records(group)
+        assert all(r["began"] < finished[first]["time"] for r in records), group
+        assert all(r["step"] <= last_step for r in records if r["committed"]), group
+    figures = run.job.describe()["FaultTolerance"]
+    assert figures["FinishedReplicaGroup"] == first
+    assert figures["ModelArtifactsFrom"] == [f"algo-{first + 1}"]
+
+
+def test_the_group_whose_loop_was_behind_was_stopped_and_it_says_why(run):
+    """Group 1's loop restarted from its top, so it had iterations left when group 0's ended:
+    it stopped (itself, exit 0, once it met a quorum without group 0; or by the supervisor, as
+    it had not committed the job's last step) instead of training on alone; one line says so."""
+    log = run.job.job_dir.log_file.read_text()
+    assert log.count("replica group 1 stopped: replica group 0 finished the job") == 1, log[-3000:]
+    assert "replica group 1 finished" not in log
+    for superseded in run.markers(SUPERSEDED).values():
+        assert superseded["replica_group"] == 1 and superseded["finished_group"] == 0
+        assert "replica group 1 stops: replica group 0 finished the job" in log  # its rank 0
+
+
+def test_same_shard_coordinates_hold_bitwise_equal_state_once_healed(run):
+    back = _back(run)
     for shard in range(SHARD):
-        group0, group1 = run.digest(shard), run.digest(SHARD + shard)
-        assert group0["step"] == group1["step"] > KILL_AFTER_STEPS
-        assert group0["digest"] == group1["digest"], shard
-
-
-def test_no_disk_checkpoint_existed_to_be_read(run):
-    folders = [run.job.job_dir.root / "checkpoints"] + [
-        run.job.job_dir.host_paths(h).checkpoints_dir for h in ("algo-1", "algo-2")]
-    assert all(not f.exists() or not any(f.iterdir()) for f in folders)
+        ours = {line["committed_after"]: line["digest"] for line in run.rank_lines(shard)}
+        theirs = {line["committed_after"]: line["digest"]
+                  for line in run.rank_lines(SHARD + shard) if line["step"] >= back["step"]}
+        shared = sorted(set(ours) & set(theirs))
+        assert len(shared) >= 3, (shard, shared)
+        assert [ours[s] for s in shared] == [theirs[s] for s in shared], shard
 
 
 def test_describe_shows_one_recovery_and_the_goodput(run):
     figures = run.job.describe()["FaultTolerance"]
     (recovery,) = figures["Recoveries"]
-    assert recovery["StepsWithoutIt"] >= 3 and recovery["DownSeconds"] > 0
+    assert recovery["Rejoined"] and recovery["DownSeconds"] > 0
     assert 0.5 < figures["Goodput"] < 1.0 and figures["ReplicaGroups"] == GROUPS
+    measured = figures["Measured"]
+    assert measured["GroupRestartSeconds"] > 0 and measured["HealSeconds"] is not None
     assert "ft:recoveries=1.0" in run.job.job_dir.log_file.read_text()  # the progress line
+
+
+def test_torchft_says_its_part_in_a_debug_file_not_the_job_log(run):
+    log = run.job.job_dir.log_file.read_text().splitlines()
+    torchft = [line for line in log if "[torchft" in line or "GET /checkpoint" in line]
+    assert len(torchft) <= 0.05 * len(log), (len(torchft), len(log))
+    debug = (run.job.job_dir.root / "fault_tolerance" / "torchft-group-0.log").read_text()
+    assert "[INFO] [torchft::manager]" in debug
+    assert list(run.job.debug_log_lines())
 
 
 def _data_index(run: Run, group: int) -> dict[int, int]:
@@ -225,4 +290,27 @@ def test_one_process_replays_every_loss_as_the_log_says_the_steps_ran(run):
         optimizer.step()
         optimizer.zero_grad()
     assert worst <= 1e-5, worst
-    assert len(participants) > failure_step + STEPS_AFTER_REJOIN
+    assert len(participants) > failure_step + 3
+
+
+def test_readmes_describe_example_reads_this_job(run):
+    """README's snippet, run as written, with its Estimator's fit() handing back this job (same
+    distribution, the docs' lead example): the calls and the keys it reads are the job's."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (snippet,) = [block for block in re.findall(r"```python\n(.+?)```", readme, re.DOTALL)
+                  if 'describe()["FaultTolerance"]' in block]
+    given = {}
+
+    class Submitted:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            given.update(kwargs)
+
+        def fit(self, wait: bool = True) -> Any:
+            assert wait is False
+            return run.job
+
+    printed = []
+    exec(snippet, {"Estimator": Submitted, "print": lambda *a: printed.append(a)})
+    assert given["distribution"] == DISTRIBUTION and given["instance_count"] == 2
+    ((goodput, recoveries),) = printed
+    assert goodput == run.job.describe()["FaultTolerance"]["Goodput"] and len(recoveries) == 1

@@ -1,8 +1,9 @@
 """The contract a rendered PyTorchJob gives its pods, run for real: two bootstraps that each see
 only what their pod would (the ConfigMap's files, the code in the image's /opt/ml/code, the
-container's env with its replica labels) train the quickstart on 2 hosts x 2 processes and end
-with the same loss as the local-process job. The one change a pod does not need: the master's
-address is 127.0.0.1, as there is no cluster DNS for <job>-master-0 here."""
+container's env with its replica labels, the `train` channel's volume at
+/opt/ml/input/data/train) train the quickstart on 2 hosts x 2 processes and end with the same
+loss as the local-process job. The one change a pod does not need: the master's address is
+127.0.0.1, as there is no cluster DNS for <job>-master-0 here."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from meshtrain import Estimator, kubernetes
 from meshtrain.contract.metrics import parse_metric_records
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+CORPUS = QUICKSTART.parent / "data" / "corpus"  # the quickstart's `train` channel
+# the channel as a PersistentVolumeClaim (mounted at /opt/ml/input/data/train); make_pod plays
+# the mount with a link to the corpus
+INPUTS = {"train": "pvc://corpus"}
 DISTRIBUTION = {"torch_distributed": {"enabled": True, "processes_per_host": 2},
                 "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
                     "hybrid_shard_degree": 2}}}}
@@ -60,12 +65,16 @@ def pod_environment(container: dict, base: Path, replica: tuple[str, str], port:
 
 
 def make_pod(root: Path, name: str, config_map: dict, code: bytes) -> Path:
-    """A pod's /opt/ml: the ConfigMap's files mounted, the code where the image keeps it."""
+    """A pod's /opt/ml: the ConfigMap's files mounted, the code where the image keeps it, and
+    the `train` volume where the PVC would be mounted."""
     base = root / name / "opt" / "ml"
     config = base / "input" / "config"
     config.mkdir(parents=True)
     for key, text in config_map["data"].items():
         (config / key).write_text(text)
+    assert set(json.loads(config_map["data"]["inputdataconfig.json"])) == set(INPUTS)
+    (base / "input" / "data").mkdir()
+    (base / "input" / "data" / "train").symlink_to(CORPUS, target_is_directory=True)
     with tarfile.open(fileobj=io.BytesIO(code)) as tar:
         tar.extractall(base / "code", filter="data")
     return base
@@ -76,7 +85,7 @@ def local_job_loss(jobs_dir: Path) -> float:
     local = Estimator("train.py", source_dir=str(QUICKSTART), instance_count=2,
                       hyperparameters=HYPERPARAMETERS, distribution=DISTRIBUTION,
                       jobs_dir=str(jobs_dir))
-    local.fit(job_name="local-twin", logs=False)
+    local.fit(inputs={"train": str(CORPUS)}, job_name="local-twin", logs=False)
     return last_loss(local.latest_training_job.log_lines())
 
 
@@ -86,9 +95,10 @@ def rendered_pods(job_name: str) -> tuple[dict, dict, bytes]:
     cluster = Estimator("train.py", source_dir=str(QUICKSTART), instance_type="ml.m5.xlarge",
                         instance_count=2, image_uri="meshtrain:test", preflight=False,
                         hyperparameters=HYPERPARAMETERS, distribution=DISTRIBUTION)
-    shipped, _ = kubernetes.render_all(cluster, job_name=job_name)
+    shipped, _ = kubernetes.render_all(cluster, job_name=job_name, inputs=INPUTS)
     code = base64.b64decode(shipped["binaryData"]["sourcedir.tar.gz"])
-    config_map, job = kubernetes.render_all(cluster, job_name=job_name, code_in_image=True)
+    config_map, job = kubernetes.render_all(cluster, job_name=job_name, code_in_image=True,
+                                            inputs=INPUTS)
     assert job["spec"]["nprocPerNode"] == "2"
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     return config_map, container, code

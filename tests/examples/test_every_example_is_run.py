@@ -23,6 +23,8 @@ _NB = "tests/examples/test_notebooks.py::"
 # named without its parameters
 RUNNERS = {
     "activation_checkpointing": _EX + "test_activation_checkpointing_and_offloading",
+    "data": "tests/examples/test_corpus.py::test_the_corpus_is_the_generators_output",
+    "fault_tolerance": _EX + "test_fault_tolerance_example",
     "kubernetes": _EX + "test_kubernetes_manifest_is_valid_for_kubectl",
     "llama_context": "tests/examples/test_example_llama_context.py::test_llama_context_parallel",
     "llama_pipeline": _EX + "test_llama_pipeline_parallel",
@@ -38,11 +40,13 @@ RUNNERS = {
     "slurm": "tests/slurm/test_slurm_jobs.py::"
              "test_quickstart_on_slurm_matches_local_and_leaves_the_model",
     "stop_and_resume": _EX + "test_stop_resume_and_restart",
+    "notebooks/fault_tolerance": _NB + "test_fault_tolerance_notebook",
     "notebooks/llama_pipeline": _NB + "test_llama_pipeline_notebook",
     "notebooks/planning": _NB + "test_planning_notebook",
     "notebooks/quickstart": _NB + "test_quickstart_notebook",
     "notebooks/resume_other_layout": _NB + "test_resume_notebook",
     "notebooks/sagemaker": _NB + "test_sagemaker_notebook_against_moto",
+    "notebooks/sagemaker_v3": _NB + "test_sagemaker_v3_notebook_against_moto",
     "notebooks/stop_and_resume": _NB + "test_stop_and_resume_notebook",
 }
 

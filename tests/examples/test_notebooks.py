@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from ci_guards import import_or_skip
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from sagemaker_moto import ROLE
@@ -23,10 +24,10 @@ from meshtrain.backends.sagemaker.metrics import metric_definitions
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "examples" / "notebooks"
 NAMES = ["quickstart", "planning", "sagemaker", "resume_other_layout", "stop_and_resume",
-         "llama_pipeline"]
+         "llama_pipeline", "fault_tolerance", "sagemaker_v3"]
 # how many plots each notebook draws (one per figure)
 PLOTS = {"quickstart": 1, "planning": 3, "sagemaker": 1, "resume_other_layout": 1,
-         "stop_and_resume": 1, "llama_pipeline": 2}
+         "stop_and_resume": 1, "llama_pipeline": 2, "fault_tolerance": 1, "sagemaker_v3": 1}
 
 
 @pytest.fixture
@@ -112,6 +113,20 @@ def test_sagemaker_notebook_against_moto(aws, home, monkeypatch):
 
 @pytest.mark.e2e
 @pytest.mark.multiprocess
+def test_sagemaker_v3_notebook_against_moto(aws, home, monkeypatch):
+    """SDK v3 ModelTrainer cells under meshtrain's import line: a real local job, then the
+    SageMaker request moto received (SDK v3's shape, meshtrain's drivers)."""
+    monkeypatch.setenv("MESHTRAIN_IMAGE_URI", "meshtrain:latest")
+    monkeypatch.setenv("SAGEMAKER_ROLE", ROLE)
+    check_ran(execute("sagemaker_v3"), "sagemaker_v3")
+    (request,) = [r.json() for r in aws.find("SageMaker.CreateTrainingJob")]
+    assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["/bin/bash"]
+    assert request["OutputDataConfig"]["S3OutputPath"].endswith("/meshtrain-v3-notebook")
+    assert len(list((home / "jobs").iterdir())) == 1  # the local try-out
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
 def test_resume_notebook(home):
     notebook = execute("resume_other_layout")
     check_ran(notebook, "resume_other_layout")
@@ -141,3 +156,14 @@ def test_llama_pipeline_notebook(home):
     printed = "".join(output.get("text", "") for cell in notebook.cells
                       if cell.cell_type == "code" for output in cell.outputs)
     assert "1F1B order on every rank; checkpoint step_00000008 complete" in printed
+
+
+@pytest.mark.e2e
+@pytest.mark.multiprocess
+def test_fault_tolerance_notebook(home):
+    import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure under CI
+    notebook = execute("fault_tolerance")
+    check_ran(notebook, "fault_tolerance")  # its assert cell: Completed, group 1 rejoined
+    printed = "".join(output.get("text", "") for cell in notebook.cells
+                      if cell.cell_type == "code" for output in cell.outputs)
+    assert "replica group 1 (algo-2) failed" in printed and "healed from a peer" in printed

@@ -26,8 +26,9 @@ GPU_SHAPE = Shape(hidden=256, intermediate=512, vocab=512, seq_len=128, batch=4)
 CPU_SHAPE = Shape(hidden=64, intermediate=128, vocab=128, seq_len=32, batch=2)
 
 
-def build_llama(shape: Shape, device: torch.device, **overrides: Any) -> nn.Module:
-    """A tiny HF Llama from seed 0 (fp32, SDPA, no cache), in training mode on `device`."""
+def build_llama(shape: Shape, device: torch.device, *, seed: int = 0,
+                **overrides: Any) -> nn.Module:
+    """A tiny HF Llama from `seed` (fp32, SDPA, no cache), in training mode on `device`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
@@ -35,13 +36,13 @@ def build_llama(shape: Shape, device: torch.device, **overrides: Any) -> nn.Modu
                          num_key_value_heads=2, vocab_size=shape.vocab,
                          max_position_embeddings=shape.seq_len, tie_word_embeddings=False,
                          attn_implementation="sdpa", use_cache=False, **overrides)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(device):
         return LlamaForCausalLM(config).train()
 
 
-def token_ids(shape: Shape, device: torch.device) -> torch.Tensor:
-    generator = torch.Generator(device=device).manual_seed(1)
+def token_ids(shape: Shape, device: torch.device, *, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator(device=device).manual_seed(seed)
     return torch.randint(0, shape.vocab, (shape.batch, shape.seq_len), device=device,
                          generator=generator)
 
@@ -97,3 +98,26 @@ def train(runtime: Any, params: dict[str, Any], shape: Shape, device: torch.devi
 def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+class LlamaStage(nn.Module):
+    """Blocks of an HF Llama as one pipeline stage: the first stage embeds token ids, the last
+    ends with the final norm and the head; each computes its own rotary embeddings."""
+
+    def __init__(self, model: nn.Module, blocks: list[nn.Module], *, first: bool,
+                 last: bool) -> None:
+        super().__init__()
+        inner = model.model
+        self.embed = inner.embed_tokens if first else None
+        self.layers = nn.ModuleList(blocks)
+        self.rotary = inner.rotary_emb
+        self.norm, self.head = (inner.norm, model.lm_head) if last else (None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(x) if self.embed is not None else x
+        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        rotary = self.rotary(hidden, positions)
+        for layer in self.layers:
+            out = layer(hidden, position_embeddings=rotary, attention_mask=None)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return self.head(self.norm(hidden)) if self.head is not None else hidden

@@ -31,19 +31,19 @@ def _l2_gaps(grads, reference) -> dict[str, float]:
             for name, ref in reference.items()}
 
 
-def _fresh(runtime, params, shape, device):
+def _fresh(runtime, params, shape, device, seed: int = 0):
     from gpu_models import build_llama
 
     runtime.reset()
     runtime.init(params)
-    return runtime.transform(build_llama(shape, device))
+    return runtime.transform(build_llama(shape, device, seed=seed))
 
 
 def test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf(runtime, device, shape,
                                                                   record_property):
-    """mixed_precision: "fp16" with grad_scaler(): unscaled, most gradients flush to zero; scaled,
-    the zero count is fp32's and each gradient is within fp16 rounding (1e-2 of its tensor's
-    largest entry); an inf gradient skips the step and halves the scale."""
+    """mixed_precision: "fp16" with grad_scaler(): unscaled, most gradients flush to zero;
+    scaled, the zero count is fp32's (their size against fp32 is the series' test below); an
+    inf gradient skips the step and halves the scale."""
     from meshtrain_runtime.grad import grad_scaler
 
     ids = token_ids(shape, device)
@@ -65,21 +65,10 @@ def test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf(runtime, devic
     scaler.unscale_(optimizer)
     grads = _grads(model)
     numel = sum(g.numel() for g in grads.values())
-    # against fp32, per tensor in L2, within 5e-2: the H200 measured 2.6e-2 for fp16 (layer 1's
-    # q_proj: q/k gradients at init are small differences of large terms, and at the first
-    # step's scale some activation gradients are still fp16 subnormals) beside 1.3e-2 for bf16;
-    # a scaler that did not unscale is off by its 2**16, one that flushed to zero by 1
-    bf16_model = _fresh(runtime, {"mixed_precision": "bf16"}, shape, device)
-    loss_of(bf16_model).backward()
-    fp16_gaps, bf16_gaps = _l2_gaps(grads, reference), _l2_gaps(_grads(bf16_model), reference)
-    worst = max(fp16_gaps, key=fp16_gaps.__getitem__)
     record_property("figure", f"fp16 zero gradients: fp32 {_zeros(reference)}, unscaled "
-                              f"{unscaled_zeros}, scaled {_zeros(grads)} of {numel}; worst L2 "
-                              f"gap fp16 {fp16_gaps[worst]:.2e} ({worst}), bf16 "
-                              f"{max(bf16_gaps.values()):.2e}")
+                              f"{unscaled_zeros}, scaled {_zeros(grads)} of {numel}")
     assert unscaled_zeros - _zeros(reference) > 0.3 * numel
     assert _zeros(grads) - _zeros(reference) <= 1e-3 * numel
-    assert fp16_gaps[worst] <= 5e-2, (worst, fp16_gaps[worst])
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad()
@@ -91,6 +80,86 @@ def test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf(runtime, devic
     assert all(torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters(),
                                                             strict=True))
     assert scaler.get_scale() == 2.0**15
+
+
+SERIES = {"cuda": ((0, 1, 2), 3), "cpu": ((0, 1), 2)}
+"""(seeds, steps) of the fp16 series: the smoke run on CPU checks the machinery on fewer."""
+FP16_BOUND = 5e-2
+
+
+def _copy_weights(source, target) -> None:
+    """`target`'s fp32 parameters := `source`'s (a world of one: local shards are whole)."""
+    with torch.no_grad():
+        for src, dst in zip(source.parameters(), target.parameters(), strict=True):
+            whole(dst).copy_(whole(src))
+
+
+def _worst_gap(grads, reference) -> tuple[str, float]:
+    gaps = _l2_gaps(grads, reference)
+    worst = max(gaps, key=gaps.__getitem__)
+    return worst, gaps[worst]
+
+
+def fp16_gap_series(runtime, shape, device, seeds, steps):
+    """For each seed and each of `steps` AdamW steps of an fp16 model trained with the
+    scaler: the worst tensor's relative L2 gap of its unscaled gradients, and of bf16's, to
+    fp32's gradients of the same weights on the same batch (the fp32 and bf16 models get the
+    fp16 model's fp32 weights before every step). One row per (seed, step)."""
+    from meshtrain_runtime.grad import grad_scaler
+
+    rows = []
+    for seed in seeds:
+        ids = token_ids(shape, device, seed=seed + 1)
+        fp32 = _fresh(runtime, {}, shape, device, seed)
+        bf16 = _fresh(runtime, {"mixed_precision": "bf16"}, shape, device, seed)
+        fp16 = _fresh(runtime, {"mixed_precision": "fp16"}, shape, device, seed)
+        optimizer = torch.optim.AdamW(fp16.parameters(), lr=1e-3)
+        scaler = grad_scaler()
+        for step in range(steps):
+            for other in (fp32, bf16):
+                _copy_weights(fp16, other)
+                other.zero_grad(set_to_none=True)
+                (other(input_ids=ids, labels=ids).loss * LOSS_FACTOR).backward()
+            scaler.scale(fp16(input_ids=ids, labels=ids).loss * LOSS_FACTOR).backward()
+            scaler.unscale_(optimizer)
+            reference = _grads(fp32)
+            tensor, gap = _worst_gap(_grads(fp16), reference)
+            rows.append({"seed": seed, "step": step, "fp16": gap, "tensor": tensor,
+                         "bf16": _worst_gap(_grads(bf16), reference)[1],
+                         "scale": float(scaler.get_scale())})
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+    return rows
+
+
+def test_fp16_scaled_gradients_track_fp32_over_a_series(runtime, device, shape,
+                                                        record_property):
+    """fp16 with the scaler against fp32 on the same weights, per tensor in relative L2, over
+    3 seeds x 3 AdamW steps on a GPU (`fp16_gap_series`; the CPU smoke run 2 x 2): every row
+    within FP16_BOUND = 5e-2.
+
+    Where the bound stands: one H200 measurement (2026-11-27, torch 2.11; seed 0, first step
+    only, this file's earlier form) gave 2.6e-2 for fp16 (layer 1's q_proj: q/k gradients at
+    initialisation are small differences of large terms, and at the first step's scale some
+    activation gradients are fp16 subnormals) beside 1.3e-2 for bf16; the bound was set to 5e-2
+    after it, from that one figure, not from a series. This series is the machinery to argue
+    it from; its first figures are CPU ones (CPU_SHAPE, CPU kernels, 3 x 3, 2026-11-28: fp16
+    3.2e-3..4.2e-3 over the 9 rows, layer 1's q_proj the worst, bf16 max 1.6e-2), which say
+    nothing about a GPU's fp16 matmuls.
+    The next GPU run records the series as this test's figure; until then 5e-2 is a single
+    measurement's 2x margin. A scaler that did not unscale is off by its 2**16, one that
+    flushed to zero by 1.
+    """
+    seeds, steps = SERIES[device.type]
+    rows = fp16_gap_series(runtime, shape, device, seeds, steps)
+    worst = max(rows, key=lambda row: row["fp16"])
+    series = "; ".join(f"s{r['seed']}/{r['step']} {r['fp16']:.1e}" for r in rows)
+    record_property("figure", f"fp16 worst L2 gap per seed/step: {series}; max {worst['fp16']:.2e}"
+                              f" ({worst['tensor']}, seed {worst['seed']}, step {worst['step']});"
+                              f" bf16 max {max(r['bf16'] for r in rows):.2e}")
+    assert len(rows) == len(seeds) * steps
+    assert worst["fp16"] <= FP16_BOUND, worst
 
 
 def test_fp8_linears_track_bf16(runtime, cuda_device, shape, record_property):

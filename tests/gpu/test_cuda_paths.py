@@ -38,9 +38,12 @@ def test_bf16_mixed_precision_tracks_fp32(runtime, device, shape, record_propert
     assert mixed.losses[-1] < mixed.losses[0]
 
 
-def test_checkpointing_matches_eager(runtime, device, shape):
+@pytest.mark.parametrize("policy", [True, "selective"], ids=["full", "selective"])
+def test_checkpointing_matches_eager(runtime, device, shape, policy):
+    """activation_checkpointing True (full) and "selective" (matmul and attention outputs kept;
+    on CUDA SDPA's flash kernel is one of them)."""
     eager = train(runtime, {}, shape, device)
-    checkpointed = train(runtime, {"activation_checkpointing": True}, shape, device)
+    checkpointed = train(runtime, {"activation_checkpointing": policy}, shape, device)
     assert checkpointed.losses == pytest.approx(eager.losses, rel=1e-5)
     assert largest_difference(checkpointed.weights, eager.weights) < 1e-5
 
@@ -91,15 +94,18 @@ def test_cpu_offload_matches_the_device_run(runtime, cuda_device, shape):
     assert largest_difference(offloaded.weights, on_device.weights) < 1e-5
 
 
-def test_compile_matches_eager(runtime, cuda_device, shape, record_property):
-    """compile: true (per-block inductor on CUDA, triton kernels) with checkpointing."""
-    params = {"activation_checkpointing": True}
+@pytest.mark.parametrize("policy", [True, "selective"], ids=["full", "selective"])
+def test_compile_matches_eager(runtime, cuda_device, shape, record_property, policy):
+    """compile: true (per-block inductor on CUDA, triton kernels) with checkpointing, full and
+    selective (the throughput goal's layout: selective + compile)."""
+    params = {"activation_checkpointing": policy}
     eager = train(runtime, params, shape, cuda_device)
     torch._dynamo.reset()
     start = time.perf_counter()
     compiled = train(runtime, {**params, "compile": True}, shape, cuda_device)
     seconds = time.perf_counter() - start
-    record_property("figure", f"compile: 3 steps incl. compiling {seconds:.1f} s")
+    record_property("figure", f"compile ({params['activation_checkpointing']}): 3 steps incl. "
+                              f"compiling {seconds:.1f} s")
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-4, abs=1e-4)
     assert largest_difference(compiled.weights, eager.weights) < 1e-4
 

@@ -216,7 +216,8 @@ def test_resolve_activation_kwargs_from_distribution_keys() -> None:
         "activation_offloading": True, "activation_loading_horizon": 4,
     })
     assert resolve_activation_kwargs(params) == {
-        "interval": 3, "offload": True, "native_offload": False, "loading_horizon": 4,
+        "policy": "full", "interval": 3, "offload": True, "native_offload": False,
+        "loading_horizon": 4,
     }
     native = parse_smp_parameters({
         "activation_checkpointing": True, "activation_offloading": True,

@@ -15,8 +15,8 @@ import pytest
 WORKERS = Path(__file__).parent / "workers"
 
 LAYOUTS = ("hsdp_2x2", "tp2_fsdp2", "tp2")
-CHECKPOINTED = ("ac", "ac_every2")
-OFFLOADED = ("offload", "offload_native")
+CHECKPOINTED = ("ac", "ac_every2", "selective", "selective_every2")
+OFFLOADED = ("offload", "offload_native", "selective_offload")
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,9 @@ def test_offloading_loss_parity(records: list[dict[str, Any]], layout: str) -> N
             assert record["loss_diff_vs_plain"] <= 1e-6, (variant, record)
             assert record["grads_bit_identical_to_plain"], (variant, record)
             assert record["blocks_offloaded"] == 4 * 2  # 4 blocks x 2 steps
-    for record in by_case(records, f"{layout}/offload"):
-        assert record["max_resident_blocks"] == 2  # the default horizon
+    for variant in ("offload", "selective_offload"):
+        for record in by_case(records, f"{layout}/{variant}"):
+            assert record["max_resident_blocks"] == 2  # the horizon
 
 
 @pytest.mark.multiprocess
@@ -69,7 +70,7 @@ def test_dtensor_inputs_offloaded_without_changing_gradients(
     records: list[dict[str, Any]],
 ) -> None:
     plain = by_case(records, "dtensor_input/none")
-    for variant in OFFLOADED:
+    for variant in ("offload", "offload_native"):
         for record, reference in zip(by_case(records, f"dtensor_input/{variant}"), plain,
                                      strict=True):
             assert record["tensors_offloaded"] == 3  # one DTensor input per block

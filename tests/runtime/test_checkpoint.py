@@ -54,13 +54,13 @@ class _Crash(RuntimeError):
 
 def _crash_after_files(monkeypatch: pytest.MonkeyPatch) -> None:
     """DCP writes every file, then the job dies before the marker (e.g. the host is lost)."""
-    real_save = checkpoint.dcp.save
+    real_save = checkpoint.sharded.dcp.save
 
     def save_then_crash(*args, **kwargs):
         real_save(*args, **kwargs)
         raise _Crash("killed after the DCP files, before the marker")
 
-    monkeypatch.setattr(checkpoint.dcp, "save", save_then_crash)
+    monkeypatch.setattr(checkpoint.sharded.dcp, "save", save_then_crash)
 
 
 def test_interrupted_save_is_ignored_by_latest_and_load(tmp_path, monkeypatch):
@@ -185,3 +185,16 @@ def test_package_exports_are_lazy():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert mr.latest_checkpoint is latest_checkpoint
     assert Path(checkpoint.default_checkpoint_dir()).is_absolute()
+
+
+def test_the_earlier_export_module_path_still_works(tmp_path):
+    """`meshtrain_runtime.export` (the exporter's home before checkpoint/ became a package) is
+    the same function, and still runs as a command."""
+    from meshtrain_runtime import export as earlier
+    from meshtrain_runtime.checkpoint.export import export_to_hf
+
+    assert earlier.export_to_hf is export_to_hf
+    done = subprocess.run([sys.executable, "-m", "meshtrain_runtime.export", str(tmp_path),
+                           "--hf", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "holds no completed meshtrain checkpoint" in done.stderr

@@ -149,7 +149,7 @@ def test_meshtrain_export_gives_from_pretrained_the_trained_logits(launches, tmp
                                                                    model_class, how):
     import transformers
 
-    from meshtrain_runtime.export import export_to_hf
+    from meshtrain_runtime.checkpoint.export import export_to_hf
 
     record = _case(launches, case)
     if case == "save_tp2_hybrid2":
@@ -173,7 +173,7 @@ def test_an_export_without_a_config_needs_one(launches, tmp_path):
     import shutil
 
     from meshtrain.cli_export import MARKER_NAME as CLIENT_MARKER
-    from meshtrain_runtime.export import export_to_hf
+    from meshtrain_runtime.checkpoint.export import export_to_hf
 
     assert CLIENT_MARKER == MARKER_NAME  # the client checks the folder without the runtime
     saved = Path(_case(launches, "save_tp2_hybrid2")["saved"])

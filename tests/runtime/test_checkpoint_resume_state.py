@@ -18,7 +18,7 @@ from meshtrain_runtime.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from meshtrain_runtime.checkpoint_rng import rng_file
+from meshtrain_runtime.checkpoint.rng import rng_file
 
 
 def _model(seed: int = 0) -> nn.Module:

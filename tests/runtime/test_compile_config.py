@@ -119,6 +119,11 @@ def test_fp8_gpu_branches(monkeypatch: pytest.MonkeyPatch, capability: tuple[int
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"tensor_parallel_degree": 2, "activation_checkpointing": True}, "DunderDictVariable"),
     ({"expert_parallel_degree": 2, "activation_checkpointing": True}, "data-dependent"),
+    # a selective block is the same checkpoint region: the same refusals, naming the policy
+    ({"tensor_parallel_degree": 2, "activation_checkpointing": "selective"},
+     "activation_checkpointing='selective': inside a checkpointed block"),
+    ({"expert_parallel_degree": 2, "activation_checkpointing": "selective"},
+     "activation_checkpointing='selective': the expert all-to-all"),
 ])
 def test_compile_refusals_with_tp_and_ep_checkpointing(kwargs: dict, match: str) -> None:
     from meshtrain_runtime.parallel.compile import check_compile

@@ -4,7 +4,8 @@ This file is its own worker (``__main__``). Cases (each: tiny HF model, same see
 on the same per-rank batches, with and without ``compile``):
 
 - full shard over 4 ranks, with activation checkpointing;
-- hybrid 2 x 2 (replicate, shard), with activation checkpointing;
+- hybrid 2 x 2 (replicate, shard), with activation checkpointing, full and selective (torch's
+  selective checkpointing contexts inside the compiled block);
 - ep 2 (Mixtral, 4 experts top-2) with FSDP2 over the rest (dynamo breaks the graph at the
   data-dependent all-to-all; the dense parts are compiled);
 - tp 2 x hybrid 2 (tensor parallelism inside, FSDP2 over the other 2 ranks) and tp 2 with
@@ -41,7 +42,7 @@ WORKER = Path(__file__).resolve()
 BOUND = 1e-4
 # full shard + checkpointing is hybrid2x2_ac's FSDP2 path on one more mesh axis: left out (the
 # launch took 111 s in CI with it; each case compiles afresh)
-CASES = ("hybrid2x2_ac", "ep2", "tp2_x_hybrid2", "tp2_sp", "tp4")
+CASES = ("hybrid2x2_ac", "hybrid2x2_selective", "ep2", "tp2_x_hybrid2", "tp2_sp", "tp4")
 UNFIXED = "tp4_without_wait"
 
 
@@ -81,6 +82,8 @@ def test_tp_compile_still_needs_the_wait(records: dict[str, dict[str, Any]]) -> 
 
 PARAMS = {
     "hybrid2x2_ac": ({"hybrid_shard_degree": 2, "activation_checkpointing": True}, "llama"),
+    "hybrid2x2_selective": ({"hybrid_shard_degree": 2, "activation_checkpointing": "selective"},
+                            "llama"),
     "ep2": ({"expert_parallel_degree": 2}, "mixtral"),
     "tp2_x_hybrid2": ({"tensor_parallel_degree": 2, "hybrid_shard_degree": 2}, "llama"),
     "tp2_sp": ({"tensor_parallel_degree": 2, "sequence_parallel": True}, "llama"),

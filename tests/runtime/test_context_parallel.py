@@ -3,7 +3,8 @@
 tests/runtime/workers/context_parallel.py trains a tiny HF Llama and a plain module calling
 F.scaled_dot_product_attention under every layout of its LAYOUTS (cp2 over HSDP replicas, cp4,
 cp2 inside a 4-rank shard group, cp2 x tp2 (also with sequence parallelism, the Llama only),
-cp2 + activation checkpointing (and offloading); p2p, all_gather and a2a), through both ways in
+cp2 + activation checkpointing (full, with offloading, and selective); p2p, all_gather and a2a),
+through both ways in
 (the script splits rows with context_parallel_shard / HF labels=; forward_backward with full
 rows and -100 targets), and reports every step's mean loss. The same launch runs Mistral, Qwen2
 and GPT-NeoX through forward_backward, a save/load resume, SMP's FSDP1 flow and the refusals.
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.multiprocess
 PARITY = 1e-5  # float32 mean loss per step over 3 AdamW steps, same seed and global batch
 WORKER = Path(__file__).parent / "workers" / "context_parallel.py"
 LAYOUTS = ["cp2_hsdp_p2p", "cp4_p2p", "cp2_dp2_shard4_p2p", "cp2_tp2_p2p",
-           "cp2_checkpointing_p2p", "cp2_offloading_p2p", "cp2_all_gather", "cp2_a2a",
+           "cp2_checkpointing_p2p", "cp2_offloading_p2p", "cp2_selective_p2p", "cp2_all_gather",
+           "cp2_a2a",
            "cp4_all_gather", "cp2_tp2_a2a"]
 CP_SIZE = {"cp4_p2p": 4, "cp4_all_gather": 4}
 

@@ -40,8 +40,8 @@ GROUPS = 2
 DELAY = 0.15  # seconds per step (data loading): the survivor steps while group 1 restarts
 PAUSE_AT = 4  # group 1 is killed in this step, after its quorum, before its gradients
 REJOIN_BOUND = 120  # seconds from the restart to its first (healed) step: a hang, not a speed
-RECORD_KEYS = {"step", "replica_group", "participants", "committed", "time", "healed", "loss",
-               "effective_batch"}
+RECORD_KEYS = {"step", "replica_group", "participants", "committed", "began", "quorum_seconds",
+               "time", "healed", "loss", "effective_batch"}
 
 
 def _free_port() -> int:
@@ -141,9 +141,10 @@ def _replay(steps: dict[int, list[int]]) -> dict[tuple[int, int], float]:
     rows of step k of the groups that took part. Returns each (step, group)'s mean loss."""
     torch.manual_seed(0)
     model = worker.Tiny()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=worker.LR)
     losses = {}
     for step, participants in sorted(steps.items()):
+        optimizer.param_groups[0]["lr"] = worker.LR * worker.lr_factor(step)
         group_losses = []
         for group in participants:
             rows = [worker.batch(group * SHARD + s, step) for s in range(SHARD)]
@@ -195,6 +196,18 @@ def test_a_killed_group_restarts_heals_from_its_peer_and_the_other_trains_throug
     check_records(job, (kill_started, killed_at), restarted_at, before)
 
 
+def _check_the_tracked_scheduler(job: Job, rank: int) -> None:
+    """The tracked LR scheduler moved with the committed steps only (not the dropped step), and
+    the restarted group went on with its peer's schedule after healing."""
+    lines = job.digest_lines(0, rank, "first")
+    assert all(line["scheduler_epoch"] == line["step"] for line in lines)
+    assert lines[PAUSE_AT]["lr"] == lines[PAUSE_AT - 1]["lr"]
+    restarted = job.digest_lines(1, rank, "restart")
+    assert all(line["scheduler_epoch"] == line["step"] for line in restarted)
+    assert all(line["lr"] == pytest.approx(worker.LR * worker.lr_factor(line["step"]))
+               for line in lines + restarted)
+
+
 def check_records(job: Job, kill: tuple[float, float], restarted_at: float,
                   committed_before: int) -> None:
     _, killed_at = kill
@@ -214,6 +227,7 @@ def check_records(job: Job, kill: tuple[float, float], restarted_at: float,
         lines = job.digest_lines(0, rank, "first")
         assert lines[PAUSE_AT]["step"] == PAUSE_AT  # the uncommitted step: the count stays
         assert lines[PAUSE_AT]["digest"] == lines[PAUSE_AT - 1]["digest"]
+        _check_the_tracked_scheduler(job, rank)
     alone = [r for r in survivor if r["committed"] and r["participants"] == [0]]
     assert len(alone) >= 3, survivor
     assert all(killed_at - 1 < r["time"] for r in alone)

@@ -1,5 +1,6 @@
 """A checkpoint saved by pp2 x dp2 (4 gloo ranks) resumes without pipelining on 2 ranks with the
-same losses, optimizer state included, and at pp4 on 4 ranks; ones saved without pipelining and
+same losses, optimizer state included (the HF Llama, and the GPT-2-style plain module), and at
+pp4 on 4 ranks; ones saved without pipelining and
 at pp4 (plain tensors: one rank per stage) resume at pp2 x dp2; the pipelined models' full
 exports (pp2 x dp2, pp4) equal the unpipelined model's (three launches, 70-120 s together
 on the 2-core box at load 12-30)."""
@@ -18,9 +19,12 @@ WORKER = Path(__file__).parent / "workers" / "pipeline_checkpoint.py"
 
 
 def test_pp2_dp2_checkpoint_resumes_without_pipelining(torchrun, tmp_path: Path) -> None:
-    saved = torchrun(WORKER, 4, "save", str(tmp_path), timeout=300)
-    loaded = torchrun(WORKER, 2, "load", str(tmp_path), timeout=300)
+    saved_all = torchrun(WORKER, 4, "save", str(tmp_path), timeout=300)
+    loaded_all = torchrun(WORKER, 2, "load", str(tmp_path), timeout=300)
     at_pp4 = torchrun(WORKER, 4, "load_pp4", str(tmp_path), timeout=300)
+    _check_plain_model(saved_all, loaded_all, tmp_path / "gpt")
+    saved = [r for r in saved_all if r["model"] == "llama"]
+    loaded = [r for r in loaded_all if r["model"] == "llama"]
     assert {r["pp_size"] for r in saved} == {2} and {r["pp_size"] for r in loaded} == {1}
     # the pipelined ranks held parts of the model under the unsplit model's names
     assert set.union(*(set(r["names"]) for r in saved)) == set(loaded[0]["names"])
@@ -46,3 +50,20 @@ def test_pp2_dp2_checkpoint_resumes_without_pipelining(torchrun, tmp_path: Path)
             assert piped[name].shape == tensor.shape, (piped_at, name)
             assert bool((piped[name] == tensor).all()), (piped_at, name)
     assert (tmp_path / "export_pp" / "config.json").is_file()
+
+
+def _check_plain_model(saved_all: list, loaded_all: list, directory: Path) -> None:
+    """The GPT-2-style module saved at pp2 x dp2 resumes without pipelining: the same names
+    (the attribute-read position table included), losses and full export."""
+    saved = [r for r in saved_all if r["model"] == "gpt"]
+    loaded = [r for r in loaded_all if r["model"] == "gpt"]
+    assert len(saved) == 4 and len(loaded) == 2
+    assert set.union(*(set(r["names"]) for r in saved)) == set(loaded[0]["names"])
+    assert "wpe.weight" in loaded[0]["names"]
+    for row in loaded:
+        errors = [abs(a - b) for a, b in zip(row["losses"], saved[0]["losses"], strict=True)]
+        assert max(errors) <= PARITY, errors
+    plain = load_file(directory / "export_plain" / "model.safetensors")
+    piped = load_file(directory / "export_pp" / "model.safetensors")
+    assert set(plain) == set(piped) == set(loaded[0]["names"])
+    assert all(bool((piped[name] == plain[name]).all()) for name in plain)

@@ -1,4 +1,5 @@
-"""The runtime's warning filters are narrow: the TP modules' view warning only (quiet.py)."""
+"""The runtime's warning filters are narrow: the TP modules' view warning only, DTensor's
+advice on all-gathers only (quiet.py, pinned against the installed torch's own message)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import warnings
 
 from torch import nn
 
-from meshtrain_runtime.parallel.quiet import quiet_tensor_parallel_view_warnings
+from meshtrain_runtime.parallel.quiet import (
+    REDISTRIBUTE_LOGGER,
+    quiet_expert_gather_advice,
+    quiet_tensor_parallel_view_warnings,
+)
 
 VIEW = ("FSDP2-wrapped module ({}) returned a view tensor. An in-place op on this view (e.g., "
         "`x += y`) will silently drop the pre-backward hook")
@@ -56,3 +61,27 @@ def test_a_rank_building_an_hf_model_prints_no_torchao_import_noise(tmp_path):
     assert "Failed to load" not in done.stderr, done.stderr
     assert "Enum subclass" not in done.stderr, done.stderr
     assert "Failed to build something else" in done.stderr  # the filter is narrow
+
+
+def test_only_dtensors_all_gather_advice_is_dropped(single_process_runtime, caplog):
+    """torch's own function logs the advice (the guard: its message and argument order are
+    what the filter reads); an all-gather's is dropped, an all-reduce's is kept."""
+    import logging
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, _redistribute
+
+    single_process_runtime.init()
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("shard_mod_ep", "ep"))
+    quiet_expert_gather_advice()
+    quiet_expert_gather_advice()  # idempotent: one filter
+    logger = logging.getLogger(REDISTRIBUTE_LOGGER)
+    assert len([f for f in logger.filters if type(f).__name__ == "_DropExactGatherAdvice"]) == 1
+    caplog.set_level(logging.WARNING, logger=REDISTRIBUTE_LOGGER)
+    for dims, comm in (((1, 0), "all_gather"), ((0, 1), "all_reduce")):  # torch warns once
+        _redistribute._warn_flatten_optimization_not_possible(  # per (mesh, dims, reason)
+            mesh, dims, (Shard(0), Shard(0)), (Replicate(), Replicate()), 2, comm,
+            "non_ascending_mesh_dims")
+    advice = [r.getMessage() for r in caplog.records if r.name == REDISTRIBUTE_LOGGER]
+    assert len(advice) == 1 and "2 sequential all_reduce operations" in advice[0], advice
+    assert "This is suboptimal" in advice[0]

@@ -119,7 +119,7 @@ def test_reset_keeps_the_process_group_unless_asked(single_process_runtime) -> N
     ("config", "fragment"),
     [
         ({"hybrid_shard_degree": 2}, "hybrid_shard_degree=2 does not divide the data-parallel "
-         "size 1 (world size 1 (1 host x 1 processes)). Use 1, or 0"),
+         "size 1 (world size 1 (1 host x 1 process)). Use 1, or 0"),
         ({"tensor_parallel_degree": 2}, "tensor_parallel_degree=2 does not divide world size 1"),
         ({"expert_parallel_degree": 2}, "expert_parallel_degree=2 must divide the resolved"),
         ({"context_parallel_degree": 2}, "context_parallel_degree=2 must divide the resolved"),

@@ -24,7 +24,7 @@ PARITY_CASES = {
     2: ("llama_tp2", "llama_tp2_sp", "neox_tp2"),
     4: ("llama_tp2_hsd2", "llama_tp2_hsd2_sp", "llama_tp2_noshard_sp", "mixtral_ep2_top1",
         "mixtral_ep2_top2_config", "mixtral_ep4_top2", "mixtral_ep2_hsd2_top2",
-        "mixtral_ep2_top2_ac", "llama_tp2_hsd2_sp_offload"),
+        "mixtral_ep2_top2_ac", "mixtral_ep2_top2_selective", "llama_tp2_hsd2_sp_offload"),
     8: ("llama_tp2_hsd2_rep2", "llama_tp2_hsd2_rep2_sp"),
 }
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -145,7 +145,8 @@ def test_checkpointing_combined_with_tensor_and_expert_parallelism(launch) -> No
     world, cases = launch
     for name in PARITY_CASES[world]:
         # Both layers of the checkpointed cases (their parity is checked above).
-        expected = 2 if name in ("mixtral_ep2_top2_ac", "llama_tp2_hsd2_sp_offload") else 0
+        expected = 2 if name in ("mixtral_ep2_top2_ac", "mixtral_ep2_top2_selective",
+                                 "llama_tp2_hsd2_sp_offload") else 0
         assert cases[name]["checkpointed"] == expected, name
 
 
@@ -174,11 +175,12 @@ def test_checkpointing_and_offloading_from_the_parameters(two, four, which) -> N
     variants = case["variants"]
     for variant, row in variants.items():
         assert row["loss_err_vs_single"] <= LOSS_BOUND, (variant, row)
-    for variant in ("ac", "ac_every2"):
+    for variant in ("ac", "ac_every2", "selective", "selective_every2"):
         assert variants[variant]["grads_bit_identical"], variant
         assert variants[variant]["loss_diff_vs_plain"] == 0.0
-    assert [variants[v]["checkpointed"] for v in ("plain", "ac", "ac_every2")] == [0, 4, 2]
-    for variant in ("offload", "offload_native"):
+    assert [variants[v]["checkpointed"] for v in ("plain", "ac", "ac_every2", "selective",
+                                                  "selective_every2")] == [0, 4, 2, 4, 2]
+    for variant in ("offload", "offload_native", "selective_offload"):
         row = variants[variant]
         print(f"{which}/{variant}: loss diff vs no offloading {row['loss_diff_vs_plain']:.1e}")
         assert row["loss_diff_vs_plain"] <= 1e-6, row

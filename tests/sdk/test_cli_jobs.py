@@ -1,5 +1,6 @@
-"""The `meshtrain` command on real local jobs (plain Python scripts, no torchrun): list, stop,
-run --no-wait, unknown names, Ctrl-C in fit() and in `meshtrain run`, max_run."""
+"""The `meshtrain` command on real local jobs (plain Python scripts, no torchrun): list (its
+script column, --wide), stop, run --no-wait, unknown names, Ctrl-C in fit() and in `meshtrain
+run` (one line on stderr), max_run, describe (the layout, the history)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,17 @@ def test_list_shows_local_jobs_newest_first(home, scripts, capsys):
     assert f"job second-job: model data at file://{home}/jobs/second-job/output/model.tar.gz" in out
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "REASON"]
+    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "SCRIPT", "REASON"]
     assert [line.split()[:2] for line in lines[1:]] == [["second-job", "Completed"],
                                                         ["first-job", "Completed"]]
-    assert all(re.fullmatch(r"\d+m\d\ds", line.split()[-1]) for line in lines[1:])
+    assert all(re.fullmatch(r"\d+m\d\ds", line.split()[-2]) for line in lines[1:])
+    assert all(line.split()[-1] == "hello.py" for line in lines[1:])
+    assert main(["list", "--wide"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "SCRIPT", "LAYOUT",
+                                "SOURCE", "REASON"]
+    # a script sent alone: its source is the script itself; one host x one process
+    assert lines[1].split()[-3:] == ["hello.py", "1x1", str(scripts / "hello.py")]
 
 
 def test_no_wait_then_stop_says_what_it_did(home, scripts, capsys):
@@ -120,11 +128,14 @@ def _start(argv: list[str], home: Path) -> subprocess.Popen:
 
 
 def _interrupt_when_running(client: subprocess.Popen) -> tuple[str, str]:
-    line = client.stdout.readline()  # the job's first line: it is running
-    assert "sleeping" in line, line
+    """SIGINT once the job's script has printed; (stdout, stderr) of the client."""
+    seen = []
+    while not seen or "sleeping" not in seen[-1]:  # the job's own line: it is running
+        seen.append(client.stdout.readline())
+        assert seen[-1], f"the client ended first: {seen}"
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=120)
-    return line + out, err
+    return "".join(seen) + out, err
 
 
 def test_ctrl_c_in_fit_stops_the_job_and_says_so(home, scripts, tmp_path):
@@ -134,10 +145,13 @@ def test_ctrl_c_in_fit_stops_the_job_and_says_so(home, scripts, tmp_path):
         f"Estimator('sleep.py', source_dir={str(scripts)!r}).fit(job_name='interrupted')\n")
     client = _start([sys.executable, str(program)], home)
     out, err = _interrupt_when_running(client)
-    assert "Stopping job interrupted ... stopped" in out
-    assert client.returncode != 0  # the caller's program stops, as Ctrl-C means
-    assert err.strip().splitlines()[-1] == ("KeyboardInterrupt: training job interrupted was "
-                                            "stopped (Ctrl-C)")
+    # the caller's program stops, as Ctrl-C means: by SIGINT, after one line and no traceback
+    assert client.returncode == -signal.SIGINT
+    assert err.splitlines() == ["meshtrain: Ctrl-C: stopping job interrupted ... stopped; its "
+                                "log: meshtrain logs interrupted"]
+    assert out.splitlines()[0] == (
+        f"[meshtrain] job interrupted · logs: meshtrain logs interrupted -f "
+        f"({home}/jobs/interrupted/job.log) · stop: Ctrl-C or meshtrain stop interrupted")
     status = json.loads((home / "jobs" / "interrupted" / "status.json").read_text())
     assert status["TrainingJobStatus"] == "Stopped"
     supervisor = int((home / "jobs" / "interrupted" / "supervisor.pid").read_text())
@@ -147,10 +161,10 @@ def test_ctrl_c_in_fit_stops_the_job_and_says_so(home, scripts, tmp_path):
 def test_ctrl_c_in_meshtrain_run_exits_130_without_traceback(home, scripts):
     client = _start([sys.executable, "-m", "meshtrain.cli", "run", str(scripts / "sleep.py"),
                      "--job-name", "cli-interrupted"], home)
-    out, err = _interrupt_when_running(client)
+    _, err = _interrupt_when_running(client)
     assert client.returncode == 130
-    assert "Stopping job cli-interrupted ... stopped" in out
-    assert "Traceback" not in err and err.strip() == "meshtrain: interrupted"
+    assert err.splitlines() == ["meshtrain: Ctrl-C: stopping job cli-interrupted ... stopped; "
+                                "its log: meshtrain logs cli-interrupted"]
 
 
 def test_max_run_names_max_runtime_exceeded(home, scripts, capsys):
@@ -183,6 +197,11 @@ def test_a_finished_local_job_by_name_describe_list_reason_rm_and_prune(home, sc
     assert main(["describe", "bad-one"]) == 0
     view = capsys.readouterr().out.splitlines()
     assert "Status:    Failed" in view and "Instances: 1 x local" in view
+    assert f"Script:    bad.py (source: {scripts / 'bad.py'})" in view
+    assert "Hosts:     1 host x 1 process = 1 rank; none" in view
+    history = [line.split(None, 2)[2] for line in view[view.index("History:") + 1:-1]]
+    assert history[1] == "Training    Training in progress."  # no image was downloaded
+    assert not any("image" in line for line in view[view.index("History:"):])
     assert "Reason:    AlgorithmError: rank 0 on algo-1: ValueError: bad batch size" in view
     assert view[-1] == "Logs:      meshtrain logs bad-one [--rank N] [-f]"
     assert main(["logs", "bad-one", "--follow"]) == 0

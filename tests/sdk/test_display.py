@@ -1,4 +1,5 @@
-"""The display every backend's wait() uses: plain lines off a terminal, a live line on one."""
+"""The display every backend's wait() uses: plain lines off a terminal, a live line on one; the
+job's first line, one line per phase of its start, the first step."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 from rich.console import Console
 
 from meshtrain.contract.metrics import format_metric_line, format_metrics_line
+from meshtrain.contract.phases import Phase, format_phase_line, parse_phase_line
 from meshtrain.display import LiveDisplay, PlainDisplay, host_index, make_display
 from meshtrain.progress import ProgressTracker
 
@@ -32,6 +34,7 @@ def test_plain_display_passes_the_log_and_adds_progress_lines_at_most_every_inte
     clock.now = 10.0
     display.log(metric("train:loss", 2.0, 2))
     assert out.getvalue().splitlines() == ["[algo-2 rank 1] loading", metric("train:loss", 2.5, 1),
+                                           "[meshtrain] job-1: first step after 0:00:00",
                                            metric("train:loss", 2.0, 2)]  # not due yet
     clock.now = 31.0
     display.log(metric("train:loss", 1.5, 3))
@@ -90,3 +93,48 @@ def test_host_index_reads_the_log_prefix():
     assert host_index("[algo-12 rank 3] hi") == 12
     assert host_index("[algo-2] supervisor line") == 2
     assert host_index("plain line") is None
+
+
+def test_plain_display_says_the_job_then_each_phase_once_until_the_first_step():
+    clock, out = Clock(), io.StringIO()
+    display = PlainDisplay("job-4", ProgressTracker(clock=clock), write=out.write, clock=clock,
+                           header="[meshtrain] job job-4 · logs: ... · stop: ...")
+    launch = format_phase_line(Phase.LAUNCH, "algo-1 starts torchrun: 2 processes")
+    for line in (f"[algo-1] {launch}", "[algo-2] " + format_phase_line(Phase.LAUNCH, "algo-2 ..."),
+                 "[algo-1 rank 0] " + format_phase_line(Phase.RENDEZVOUS, "4 ranks joined (gloo)"),
+                 "[algo-1 rank 0] " + format_phase_line(Phase.TRANSFORM, "TinyLM on pp 1 x ...")):
+        display.log(line)
+    clock.now = 9.2
+    display.log(metric("train:loss", 4.0, 0))
+    display.log("[algo-1 rank 0] " + format_phase_line(Phase.TRANSFORM, "a second model"))
+    assert out.getvalue().splitlines() == [
+        "[meshtrain] job job-4 · logs: ... · stop: ...",
+        "[meshtrain] job-4: algo-1 starts torchrun: 2 processes",  # the first host's, once
+        "[meshtrain] job-4: 4 ranks joined (gloo)",
+        "[meshtrain] job-4: TinyLM on pp 1 x ...",
+        metric("train:loss", 4.0, 0),
+        "[meshtrain] job-4: first step after 0:00:10",
+    ]  # the raw phase lines stay in the job's log, and a phase after the first step is quiet
+
+
+def test_live_display_shows_the_phase_until_the_first_step():
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=160, color_system=None)
+    display = make_display("live-2", console=console, header="[meshtrain] job live-2 · ...")
+    display.status("InProgress")
+    display.log("[algo-1 rank 0] " + format_phase_line(Phase.RENDEZVOUS, "4 ranks joined"))
+    assert "live-2: InProgress · 4 ranks joined" in screen.getvalue()
+    display.log(metric("train:loss", 2.0, 0), host=1)
+    display.close()
+    text = screen.getvalue()
+    assert text.index("[meshtrain] job live-2 · ...") < text.index("4 ranks joined")
+    assert "live-2: InProgress · step 0 · loss 2.0000" in text
+    assert "[meshtrain phase]" not in text
+
+
+def test_phase_lines_round_trip_and_refuse_strangers():
+    line = format_phase_line(Phase.TRANSFORM, "Llama on\npp 2")
+    assert line == "[meshtrain phase] transform: Llama on pp 2"
+    assert parse_phase_line(f"[algo-1 rank 0] {line}") == (Phase.TRANSFORM, "Llama on pp 2")
+    assert parse_phase_line("[meshtrain phase] lunch: soup") is None
+    assert parse_phase_line("step 3 loss 2.0") is None

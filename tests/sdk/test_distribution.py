@@ -51,6 +51,11 @@ INVALID = [
     ({"torch_distributed": {"enabled": True, "processes_per_host": 0}}, "processes_per_host"),
     ({"torch_distributed": {"enabled": True, "processes_per_host": 1.5}}, "processes_per_host"),
     ({"torch_distributed": {"enabled": True, "nprocs": 2}}, "Allowed keys"),
+    # a key of another level says where it belongs (a degree is an SMP parameter)
+    ({"torch_distributed": {"enabled": True, "tensor_parallel_degree": 2}},
+     "distribution.torch_distributed.tensor_parallel_degree: unknown key. It belongs under "
+     "distribution.smdistributed.modelparallel.parameters. Allowed keys: "),
+    (smp(processes_per_host=2), "It belongs under distribution.torch_distributed."),
     ({"mpi": {"enabled": True}}, "torch_distributed"),
     ({"pytorchddp": {"enabled": True}}, "torch_distributed"),
     ({"parameter_server": {"enabled": True}}, "torch_distributed"),

@@ -62,8 +62,6 @@ def test_stages_per_rank_defaults_per_schedule():
      "gives 3 stages, but pipeline_parallel_degree=2 x pipeline_stages_per_rank=1 = 2 stages"),
     ({"pipeline_parallel_degree": 2, "microbatches": 4, "pipeline_schedule": "Interleaved1F1B",
       "pipeline_split_points": [2, 2, 3]}, 4, "strictly increasing"),
-    ({"pipeline_parallel_degree": 2, "microbatches": 4, "expert_parallel_degree": 2,
-      "hybrid_shard_degree": 2}, 4, "auxiliary (load-balancing) loss"),
     ({"pipeline_parallel_degree": 2, "microbatches": 4, "compile": True,
       "pipeline_schedule": "ZBVZeroBubble"}, 4, "torch refuses compiled stages"),
     ({"pipeline_parallel_degree": 2, "microbatches": 4, "activation_checkpointing": True,
@@ -79,17 +77,47 @@ def test_bad_pipeline_parameters_are_refused_with_the_arithmetic(parameters, wor
     assert quoted in str(error.value)
 
 
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({}, 1), ({"microbatches": 3}, 3),
+    ({"pipeline_parallel_degree": 2}, 2), ({"pipeline_parallel_degree": 4}, 4),
+    ({"pipeline_parallel_degree": 2, "pipeline_schedule": "GPipe"}, 2),
+    ({"pipeline_parallel_degree": 2, "pipeline_schedule": "Interleaved1F1B"}, 4),
+    ({"pipeline_parallel_degree": 4, "pipeline_schedule": "Interleaved1F1B",
+      "pipeline_stages_per_rank": 3}, 12),
+    ({"pipeline_parallel_degree": 2, "pipeline_schedule": "ZBVZeroBubble"}, 4),
+    ({"pipeline_parallel_degree": 2, "pipeline_schedule": "LoopedBFS"}, 4),
+    ({"pipeline_parallel_degree": 2, "microbatches": None}, 2),
+])
+def test_microbatches_default_to_what_the_schedule_needs(parameters, expected):
+    """Unset: one microbatch per stage (pp x stages per rank), which every schedule's rule
+    accepts; without pipelining 1 (no accumulation)."""
+    params = parse_smp_parameters(parameters)
+    assert params.microbatches == expected
+    resolve_degrees(params, 4 * params.pipeline_parallel_degree)  # and nothing refuses it
+
+
+def test_pipeline_refusals_end_in_one_period():
+    """The contract adds the period a message lacks, and no second one (it used to end "..")."""
+    for parameters in ({"pipeline_parallel_degree": 2, "microbatches": 1},
+                       {"pipeline_parallel_degree": 2, "microbatches": 5,
+                        "pipeline_schedule": "Interleaved1F1B"},
+                       {"pipeline_parallel_degree": 0}):
+        with pytest.raises(ConfigError) as error:
+            parse_smp_parameters(parameters)
+        message = str(error.value)
+        assert message.endswith(".") and not message.endswith(".."), message
+
+
 def test_the_estimator_refuses_before_launch(tmp_path):
     (tmp_path / "train.py").write_text("print('never runs')\n")
     jobs = tmp_path / "jobs"
-    with pytest.raises(ConfigError, match="Use microbatches >= 2"):
+    with pytest.raises(ConfigError, match=r"Use microbatches >= 2, or leave it unset"):
         Estimator("train.py", source_dir=str(tmp_path), instance_count=2, jobs_dir=str(jobs),
-                  distribution=smp(ppn=2, pipeline_parallel_degree=2))
+                  distribution=smp(ppn=2, pipeline_parallel_degree=2, microbatches=1))
     with pytest.raises(ConfigError, match="pipeline_parallel_degree=4 does not divide world "
-                                          r"size 2 \(1 hosts x 2 processes\)"):
+                                          r"size 2 \(1 host x 2 processes\)"):
         Estimator("train.py", source_dir=str(tmp_path), jobs_dir=str(jobs),
                   distribution=smp(ppn=2, pipeline_parallel_degree=4, microbatches=4))
     assert not jobs.exists()
     Estimator("train.py", source_dir=str(tmp_path), instance_count=2, jobs_dir=str(jobs),
-              distribution=smp(ppn=2, pipeline_parallel_degree=2, hybrid_shard_degree=2,
-                               microbatches=2))
+              distribution=smp(ppn=2, pipeline_parallel_degree=2))  # microbatches: default

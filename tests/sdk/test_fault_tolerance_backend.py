@@ -15,6 +15,7 @@ import pytest
 from ci_guards import missing_component
 
 from meshtrain import ConfigError, Estimator
+from meshtrain.backends.hosts.ft_logs import is_torchft_debug
 from meshtrain.backends.hosts.ft_metrics import (
     fault_tolerance_summary,
     progress_metrics_line,
@@ -58,7 +59,8 @@ def test_hosts_are_grouped_in_number_order():
 
 def test_each_host_is_told_its_group_the_lighthouse_and_the_settings():
     env = ft_environment(1, FaultTolerance(replica_groups=2, min_replica_groups=2),
-                         "http://127.0.0.1:5")
+                         "http://127.0.0.1:5", Path("/jobs/ft/fault_tolerance"))
+    assert env[names.MESHTRAIN_FT_COORDINATION_DIR] == "/jobs/ft/fault_tolerance"
     assert env[names.MESHTRAIN_FT_REPLICA_GROUP] == "1"
     assert env[names.MESHTRAIN_FT_REPLICA_GROUPS] == "2"
     assert env[names.MESHTRAIN_FT_LIGHTHOUSE] == "http://127.0.0.1:5"
@@ -224,3 +226,43 @@ def test_a_failed_group_is_not_live_before_the_next_step_says_so(tmp_path):
     summary = fault_tolerance_summary(records, [{"ReplicaGroup": 1, "FailedAt": 3.5,
                                                  "RestartedAt": 4.0}], 2)
     assert summary["LiveReplicaGroups"] == 1 and summary["Goodput"] == 1.0
+
+
+@pytest.mark.parametrize(("line", "debug"), [
+    (b"[algo-2 rank 0] 2026-11-28T17:03:06.189 [INFO] [torchft::manager] - [Replica "
+     b"meshtrain_ft_1] Finished quorum for group_rank 1\n", True),
+    (b"[algo-1 rank 0] 2026-11-28T17:08:34.973[algo-1 rank 0]  [INFO] [torchft::manager] - "
+     b"[Replica meshtrain_ft_0] Finished quorum\n", True),  # a line torchrun's prefix split
+    (b"[algo-1 rank 0] [meshtrain_ft_0:5f3e/0 - step 3] Unable to reset NCCL flight recorder "
+     b"recording so traces will be incorrect.\n", True),
+    (b'[algo-1 rank 0] ::ffff:127.0.0.1 - - [28/Nov/2026 16:25:38] "GET /checkpoint/0/full '
+     b'HTTP/1.1" 200 -\n', True),
+    (b"[algo-2 rank 0] 2026-11-28T17:03:06.189 [WARN] [torchft::manager] - quorum failed\n",
+     False),  # torchft's warnings and errors stay in the job log
+    (b"[algo-2 rank 0] meshtrain: replica group 1 step 219: healed from a peer\n", False),
+    (b"[meshtrain] replica group 1 (algo-2) failed: AlgorithmError: ...\n", False),
+])
+def test_torchfts_debug_lines_are_told_apart(line, debug):
+    assert is_torchft_debug(line) is debug
+
+
+def test_the_measured_times_the_planner_starts_from(tmp_path):
+    """Group 1 asks to join at t=6.2 (began) and heals in 0.4 s; group 0 steps every second but
+    went from step 3 (t=3) to step 4 at t=5.5 across the failure: a 2.5-s gap, 1.5 s of stall."""
+    records = []
+    for record in _records(tmp_path):
+        if record["replica_group"] == 0 and record["step"] >= 4:
+            record = {**record, "time": record["time"] + 1.5}
+        if record["replica_group"] == 1 and record["step"] == 7:
+            record = {**record, "time": 8.5, "began": 6.2, "quorum_seconds": 0.4}
+        records.append(record)
+    checkpoints = [{"kind": "write", "seconds": 2.0}, {"kind": "write", "seconds": 4.0},
+                   {"kind": "load", "seconds": 1.0}]
+    summary = fault_tolerance_summary(
+        records, [{"ReplicaGroup": 1, "FailedAt": 3.5, "RestartedAt": 4.5}], 2, checkpoints)
+    (recovery,) = summary["Recoveries"]
+    assert recovery["SurvivorGapSeconds"] == 2.5  # group 0: t=3 to its first step alone, 5.5
+    assert recovery["RestartSeconds"] == pytest.approx(2.7) and recovery["HealSeconds"] == 0.4
+    assert summary["Measured"] == {
+        "GroupRestartSeconds": 2.7, "HealSeconds": 0.4, "StallSeconds": 1.5,
+        "StepSeconds": 1.0, "CheckpointWriteSeconds": 3.0, "CheckpointLoadSeconds": 1.0}

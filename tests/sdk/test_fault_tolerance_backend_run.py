@@ -7,8 +7,10 @@ second or two."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from ci_guards import missing_component
 
 from meshtrain import Estimator
-from meshtrain.backends.hosts import ft_run
+from meshtrain.backends.hosts import ft_coordinator
 from meshtrain.backends.hosts.layout import JobDirectory, prepare_host
 from meshtrain.backends.hosts.processes import pids_of_job
 from meshtrain.backends.hosts.supervisor import HostSupervisor
@@ -33,16 +35,27 @@ def _needs_torchft() -> None:
 
 # A host: says it started, then does what FT_PLAN says for "<group>-<attempt>": ok (exit 0, the
 # default), fail (exit 1), wait (exit 0 once group 1's second attempt has started), release (exit
-# 0 once the test says so), hang (sleep until stopped).
+# 0 once the test says so), hang (sleep until stopped), finish (exit 0 after marking its group
+# finished with 5 committed steps, as the runtime's rank 0 does), supersede (once group 0 is
+# marked finished, mark itself stopped for it and exit 0, as the runtime's rank 0 does).
 HOST = """
 import os, sys, time
 from pathlib import Path
+from meshtrain.contract.fault_tolerance import FINISHED, SUPERSEDED, marker_path, write_marker
 shared = Path(os.environ["FT_SHARED"])
-key = os.environ["MESHTRAIN_FT_REPLICA_GROUP"] + "-" + os.environ["MESHTRAIN_ATTEMPT"]
+folder = os.environ["MESHTRAIN_FT_COORDINATION_DIR"]
+group, attempt = int(os.environ["MESHTRAIN_FT_REPLICA_GROUP"]), os.environ["MESHTRAIN_ATTEMPT"]
+key = f"{group}-{attempt}"
 (shared / ("start-" + key)).write_text(os.environ["MESHTRAIN_FT_LIGHTHOUSE"])
 action = dict(item.split("=") for item in os.environ["FT_PLAN"].split(",")).get(key, "ok")
 if action == "fail":
     sys.exit(1)
+if action == "finish":
+    write_marker(folder, FINISHED, group, {"committed_steps": 5, "attempt": int(attempt)})
+while action == "supersede" and not marker_path(folder, FINISHED, 0).exists():
+    time.sleep(0.05)
+if action == "supersede":
+    write_marker(folder, SUPERSEDED, group, {"finished_group": 0, "attempt": int(attempt)})
 while action == "hang" or (action == "wait" and not (shared / "start-1-2").exists()) or (
         action == "release" and not (shared / "release").exists()):
     time.sleep(0.05)
@@ -139,11 +152,47 @@ def test_the_job_fails_when_every_group_failed(source):
     assert status["FailureReason"].startswith("every replica group failed")
 
 
-def test_a_straggler_is_stopped_after_another_group_finished(source, monkeypatch):
-    monkeypatch.setattr(ft_run, "FINISH_WINDOW_SECONDS", 1.0)
+def test_a_group_that_committed_the_last_step_gets_the_window_to_exit(source, monkeypatch):
+    monkeypatch.setattr(ft_coordinator, "FINISH_WINDOW_SECONDS", 1.0)
     supervisor = _supervisor(source, "1-1=hang", restarts=1)
     status = _run(supervisor)
     assert status["TrainingJobStatus"] == "Completed"
-    assert "replica group 1 still runs 1 s after another group finished: stopped" in (
-        supervisor.job_dir.log_file.read_text())
-    assert "FaultToleranceEvents" not in status  # a stop is not a failure to restart
+    assert ("replica group 1 stopped: replica group 0 finished the job (it still ran 1 s after)"
+            in supervisor.job_dir.log_file.read_text())
+    assert status.get("FaultToleranceEvents", []) == []  # a stop is not a failure to restart
+
+
+def test_a_group_behind_the_finished_one_is_stopped_at_once(source):
+    """Group 0 finishes with 5 committed steps, group 1 had committed none: it is stopped when
+    group 0's hosts exit, not after the finish window."""
+    supervisor = _supervisor(source, "0-1=finish,1-1=hang", restarts=1)
+    started = time.monotonic()
+    status = _run(supervisor)
+    assert time.monotonic() - started < ft_coordinator.FINISH_WINDOW_SECONDS
+    assert status["TrainingJobStatus"] == "Completed"
+    log = supervisor.job_dir.log_file.read_text()
+    assert ("replica group 1 stopped: replica group 0 finished the job (it had committed 0 of "
+            "the job's 5 steps)") in log
+    assert status["FaultTolerance"]["FinishedReplicaGroup"] == 0
+    assert status["FaultTolerance"]["ModelArtifactsFrom"] == ["algo-1", "algo-2"]
+
+
+def test_a_group_that_stopped_itself_for_a_finished_peer_is_not_the_one_that_finished(source):
+    """Group 1's ranks stop themselves once group 0 finished (exit 0, a superseded marker):
+    the job is group 0's, whatever order the hosts exit in; the model is group 0's."""
+    supervisor = _supervisor(source, "0-1=finish,1-1=supersede", restarts=1)
+    for host, group in (("algo-1", 0), ("algo-3", 1)):
+        (supervisor.job_dir.host_paths(host).model_dir / "model.txt").write_text(host)
+        folder = supervisor.job_dir.host_paths(host).output_data_dir / "fault_tolerance"
+        folder.mkdir(parents=True)  # both took part in the job's 5 steps, as in a real job
+        (folder / f"replica-{group}.jsonl").write_text("".join(
+            json.dumps({"step": step, "replica_group": group, "participants": [0, 1],
+                        "committed": True, "time": 1.0 + step}) + "\n" for step in range(5)))
+    status = _run(supervisor)
+    assert status["TrainingJobStatus"] == "Completed"
+    log = supervisor.job_dir.log_file.read_text()
+    assert "replica group 1 stopped: replica group 0 finished the job first" in log
+    assert "replica group 1 finished" not in log
+    assert status["FaultTolerance"]["ModelArtifactsFrom"] == ["algo-1", "algo-2"]
+    with tarfile.open(supervisor.job_dir.root.parent / "ft" / "output" / "model.tar.gz") as tar:
+        assert tar.extractfile("model.txt").read() == b"algo-1"

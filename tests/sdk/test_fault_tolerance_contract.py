@@ -14,11 +14,11 @@ from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import (
     FaultTolerance,
-    check_fault_tolerance,
     check_fault_tolerance_platform,
     rank_environment,
     read_replica_group_env,
 )
+from meshtrain.contract.fault_tolerance_checks import check_fault_tolerance
 from meshtrain.estimator_checks import check_cluster, check_fault_tolerance_target
 from meshtrain.targets import resolve_target
 

@@ -146,7 +146,8 @@ def test_lighthouse_deployment_and_service_are_valid_client_objects(tmp_path):
     command = container["command"]
     assert command[0] == "torchft_lighthouse"
     assert command[command.index("--min_replicas") + 1] == "2"  # min_replica_groups
-    assert command[command.index("--join_timeout_ms") + 1] == "500"  # as local jobs run it
+    assert command[command.index("--join_timeout_ms") + 1] == "60000"  # as local jobs run it
+    assert command[command.index("--heartbeat_timeout_ms") + 1] == "2000"
     assert command[command.index("--bind") + 1] == "[::]:29510"
     assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
 

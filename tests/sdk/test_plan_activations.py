@@ -133,3 +133,55 @@ def test_bad_arguments():
         activation_bytes(LLAMA, seq_len=33, micro_batch=1, context_parallel_degree=2)
     with pytest.raises(ConfigError, match="precision"):
         activation_bytes(LLAMA, seq_len=32, micro_batch=1, precision="int4")
+
+
+def test_op_level_selective_keeps_matmul_and_attention_outputs_by_hand():
+    """recompute="op" (the runtime's activation_checkpointing: "selective"), the tiny Llama in
+    fp32 (T = 64 tokens, h 64, head dim 16, key/value width 32, intermediate 160): a layer
+    keeps its input and q (4*4096), k and v (4*2048 each), SDPA's output (4*4096) and
+    log-sum-exp (4*2*4*32), o_proj's and down_proj's outputs (4*4096 each), gate and up
+    (4*64*160 each)."""
+    model = LLAMA.model_copy(update={"num_layers": 4})
+    op = activation_bytes(model, seq_len=32, micro_batch=2, precision="fp32", recompute="op")
+    assert op.kept_terms == {"kept_qk": 16_384 + 8192, "kept_v": 8192,
+                             "kept_attention": 16_384 + 1024,
+                             "kept_attention_output": 16_384, "kept_mlp": 2 * 40_960,
+                             "kept_mlp_output": 16_384}
+    kept = 24_576 + 8192 + 17_408 + 16_384 + 81_920 + 16_384
+    assert op.kept_bytes == kept == 164_864
+    assert op.total_bytes == 4 * (4 * 4096 + kept) + sum(op.model_terms.values())
+    # backward: the layer's full activations again; the kept outputs are part of them or were
+    # freed by the recompute, but down_proj's, which the stopped recompute never reads
+    assert op.recompute_working_bytes == 312_832 - kept + 16_384
+    # forward: the running MLP's activation and product on top of the kept gate and up
+    assert op.running_bytes == 163_840 - 81_920
+    full = activation_bytes(model, seq_len=32, micro_batch=2, precision="fp32",
+                            recompute="full")
+    none = activation_bytes(model, seq_len=32, micro_batch=2, precision="fp32")
+    assert full.total_bytes < op.total_bytes < none.total_bytes
+    offloaded = activation_bytes(model, seq_len=32, micro_batch=2, precision="fp32",
+                                 recompute="op", offload=True, loading_horizon=1)
+    # offloading moves the inputs only; the kept outputs stay on the device
+    assert offloaded.total_bytes == op.total_bytes - 3 * 4 * 4096
+    assert offloaded.forward_bytes == op.total_bytes - 4 * 4 * 4096
+
+
+def test_op_level_selective_under_tp_sp_and_eager_attention():
+    model = LLAMA.model_copy(update={"num_layers": 2})
+    sp = activation_bytes(model, seq_len=32, micro_batch=2, precision="fp32", recompute="op",
+                          tensor_parallel_degree=2, sequence_parallel=True)
+    # each tp rank: half the heads and intermediate; a row-wise projection's matmul output is
+    # the whole width (a partial sum) plus its reduce-scatter's half
+    assert sp.kept_terms["kept_attention_output"] == 16_384 * 1.5
+    assert sp.kept_terms["kept_mlp"] == 40_960
+    eager = activation_bytes(model.model_copy(update={"attention": "eager"}), seq_len=32,
+                             micro_batch=2, precision="fp32", recompute="op")
+    assert "kept_attention" not in eager.kept_terms  # the score matmuls are recomputed
+
+
+def test_op_level_selective_is_refused_for_encoder_decoders():
+    from meshtrain.plan import PRESETS
+
+    with pytest.raises(ConfigError, match="decoder-only") as error:
+        activation_bytes(PRESETS["t5-3b"], seq_len=64, micro_batch=1, recompute="op")
+    assert str(error.value).endswith("True or False.")

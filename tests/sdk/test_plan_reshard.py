@@ -34,21 +34,28 @@ def test_hand_computed_block_size():
 
 def test_no_shard_on_one_gpu_keeps_every_group_gathered_unless_told():
     """One GPU resolves to no_shard: by default (reshard_after_forward False) the forward ends
-    with the root, the embedding and every block gathered (bf16); with
-    reshard_after_forward=True only the root and the running block (issue 20's trade-off).
-    A shard group of one has no all-gather: FSDP2 copies the shard into the unsharded
-    parameters, no flat buffer."""
+    in the head's pre-forward with the root, the embedding, every block and the head gathered
+    (bf16); with reshard_after_forward=True the root and the head only (issue 20's trade-off).
+    A shard group of one has no all-gather: FSDP2 casts each parameter to bf16 (a temporary,
+    the head's here) and copies it into the unsharded parameters, no flat buffer."""
     keep = _phases(1)
     free = _phases(1, reshard_after_forward=True)
-    assert keep["forward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK)
-    assert free["forward"]["gathered_parameters"] == 2 * (ROOT + BLOCK)
+    head = EMBEDDING  # the untied head: 32000 x 4096
+    assert keep["forward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK + head)
+    assert free["forward"]["gathered_parameters"] == 2 * (ROOT + head)
+    assert keep["forward"]["copy_in_buffers"] == free["forward"]["copy_in_buffers"] == 2 * head
     assert _phases(1, reshard_after_forward=False) == keep
     # Everything else in forward is the same: activations and states do not depend on it.
     for term in ("activations", "sharded_parameters", "optimizer_states"):
         assert keep["forward"][term] == free["forward"][term]
-    # The first block in backward: every group still gathered vs the block and the next one.
-    assert keep["backward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + 4 * BLOCK)
-    assert free["backward"]["gathered_parameters"] == 2 * (ROOT + 2 * BLOCK)
+    # Backward's worst moment is the last block (block 0): every group reduced before it holds
+    # its fp32 gradient (the whole gradient over one rank); block 0 gathered, with the
+    # embedding when groups keep their parameters.
+    for phases in (keep, free):
+        assert phases["backward"]["sharded_gradients"] == 4 * (head + 3 * BLOCK)
+        assert phases["backward"]["reduce_scatter_buffers"] == 4 * BLOCK  # block 1's
+    assert keep["backward"]["gathered_parameters"] == 2 * (ROOT + EMBEDDING + BLOCK)
+    assert free["backward"]["gathered_parameters"] == 2 * (ROOT + BLOCK)
 
 
 def test_full_shard_without_reshard_is_shard_grad_op():

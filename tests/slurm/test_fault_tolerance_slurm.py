@@ -28,7 +28,7 @@ from ft_jobs import rank_of_group, wait_for
 from meshtrain import Estimator
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.processes import pids_of_job
-from meshtrain.backends.slurm.ft_submit import group_ended, job_outcome
+from meshtrain.backends.slurm.ft_submit import group_ended
 from meshtrain.backends.slurm.script import SlurmOptions, render_group
 from meshtrain.contract import env as names
 
@@ -177,17 +177,6 @@ def test_a_group_job_ends_once_slurm_runs_nothing_more_of_it():
     assert group_ended({"JobState": "COMPLETED"}) == "COMPLETED"
     assert group_ended({"JobState": "CANCELLED"}) == "CANCELLED"
     assert group_ended({}) == "UNKNOWN"
-
-
-def test_the_job_is_completed_when_a_group_finished_and_failed_when_every_group_is_lost():
-    done = {"Status": "Completed", "FailureReason": None}
-    lost = {"Status": "Failed", "FailureReason": "AlgorithmError: rank 1 died"}
-    assert job_outcome([lost, done], stopped=False) == ("Completed", None)
-    status, reason = job_outcome([lost, {**lost, "FailureReason": "NCCL timeout"}], False)
-    assert status == "Failed" and reason.endswith("replica group 1: NCCL timeout")
-    status, reason = job_outcome([lost, None], False)
-    assert status == "Failed" and "replica group 1: ended without a record" in reason
-    assert job_outcome([None, None], stopped=True)[0] == "Stopped"
 
 
 def test_a_group_script_runs_only_its_group(tmp_path):

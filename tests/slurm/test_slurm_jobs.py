@@ -7,6 +7,7 @@ The jobs of one module start together and share the cluster (each costs real sec
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from job_privacy import (
+    open_directory,
+    open_modes,
+    readable_by_other_user,
+    require_other_user,
+    umask,
+)
 
 from meshtrain import Estimator
 from meshtrain.backends.slurm.backend import SlurmBackend
@@ -25,6 +33,7 @@ from meshtrain.contract.errors import JobFailedError
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.e2e]
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+CORPUS = QUICKSTART.parent / "data" / "corpus"  # the quickstart's `train` channel
 SCRIPTS = Path(__file__).parent / "scripts"
 EXAMPLE = QUICKSTART.parent / "slurm" / "launch.py"
 STEPS = 4
@@ -52,8 +61,14 @@ def quickstart(instance_type: str, jobs_dir: Path, **options) -> Estimator:
 @pytest.fixture(scope="module")
 def quickstart_runs(slurm_cluster, tmp_path_factory):
     """The quickstart job three ways at once: fit() on Slurm, a rendered script sbatch'ed by
-    hand, fit() on local processes; each one's job directory once it has ended."""
-    home = tmp_path_factory.mktemp("home")
+    hand, fit() on local processes; each one's job directory once it has ended. MESHTRAIN_HOME
+    is made by meshtrain in a 0755 directory (a shared filesystem's home), under umask 022."""
+    require_other_user()
+    with open_directory() as shared, umask(0o022):
+        yield _quickstart_runs(shared / "home", tmp_path_factory)
+
+
+def _quickstart_runs(home: Path, tmp_path_factory) -> dict:
     jobs_dir = home / "jobs"
     example = subprocess.Popen(  # examples/slurm/launch.py: fit() on Slurm
         [sys.executable, str(EXAMPLE), "--job-name", "on-slurm"], stdout=subprocess.PIPE,
@@ -62,7 +77,7 @@ def quickstart_runs(slurm_cluster, tmp_path_factory):
         time.sleep(0.2)
     by_hand = _render(jobs_dir, tmp_path_factory.mktemp("render"))
     local = quickstart("local", jobs_dir)
-    local.fit(wait=True, job_name="on-local")
+    local.fit(inputs={"train": str(CORPUS)}, wait=True, job_name="on-local")
     output, _ = example.communicate(timeout=600)
     SlurmBackend(jobs_dir=jobs_dir).attach(by_hand).wait(logs=False)
     return {"jobs_dir": jobs_dir, "example": (example.returncode, output), "local": local,
@@ -79,6 +94,7 @@ def _render(jobs_dir: Path, out: Path) -> str:
         code = cli_main(["slurm", "render", "train.py", "--source-dir", str(QUICKSTART),
                          "--instance-count", "2", "--distribution", json.dumps(DISTRIBUTION),
                          "--hyperparameters", json.dumps({"steps": STEPS, "lr": 3e-3}),
+                         "--input", f"train={CORPUS}",
                          "--job-name", "by-hand", "--jobs-dir", str(jobs_dir)])
     assert code == 0, buffer.getvalue()
     script = out / "job.sbatch"
@@ -133,7 +149,23 @@ def test_slurm_jobs_are_listed_and_found_by_name(quickstart_runs, capsys):
     assert cli_main(["logs", "on-slurm", "--jobs-dir", jobs_dir]) == 0
     shown = capsys.readouterr().out
     assert shown == (quickstart_runs["jobs_dir"] / "on-slurm" / "job.log").read_text()
-    assert "[algo-1 rank 0] step 0 loss" in shown
+    assert re.search(r"^\[algo-1 rank 0\] \[meshtrain metric\] train:loss=\S+ step=0$", shown,
+                     re.MULTILINE), shown
+
+
+def test_a_slurm_jobs_files_on_the_shared_directory_are_its_owners_alone(quickstart_runs):
+    """Issue 43: as another user, nothing of the jobs is readable (MESHTRAIN_HOME is 0700, and
+    every file and directory the client, the batch step and the nodes wrote is owner-only);
+    spec.json keeps the environment's names, not its values (which reached the nodes through
+    sbatch's environment, or the script rendered by hand)."""
+    home = quickstart_runs["jobs_dir"].parent
+    assert readable_by_other_user(home) == []
+    for job in ("on-slurm", "by-hand"):
+        assert open_modes(home / "jobs" / job) == []
+    spec = json.loads((home / "jobs" / "on-slurm" / "spec.json").read_text())
+    assert spec["environment"] == {"OMP_NUM_THREADS": "<masked>"}
+    script = (home / "jobs" / "by-hand" / "job.sbatch").read_text()
+    assert "umask 077" in script and "export MESHTRAIN_JOB_ENVIRONMENT='{}'" in script
 
 
 def _squeue(name: str) -> str:

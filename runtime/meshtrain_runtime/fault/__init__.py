@@ -1,58 +1,60 @@
 """Fault-tolerant replica groups (``torch_distributed.fault_tolerance``, docs/fault-tolerance.md).
 
-When the backend sets ``MESHTRAIN_FT_*`` for a rank, ``init()`` calls `start`: a torchft Manager
-for this replica group (its own torchrun world), and ``state.dp_rank``/``dp_size`` become the
-job-wide coordinates (group g's shard rank s reads rows ``g x shard + s`` of ``N x shard``) so a
-script's data sharding does not change through failures. ``transform()`` calls `attach_model`,
-``forward_backward`` calls `note_loss`. Nothing here imports torchft until a job asks for it.
+When the backend sets ``MESHTRAIN_FT_*`` for a rank, ``init()`` calls `start`: it checks the
+group's layout and readies a session for this replica group (its own torchrun world); the
+group's torchft Manager starts at its first training step (group_session.py says why; the
+module is not named ``session``, which would shadow `session()` once imported), and
+``state.dp_rank``/``dp_size`` become the job-wide coordinates (group g's shard rank s reads rows
+``g x shard + s`` of ``N x shard``) so a script's data sharding does not change through failures.
+``transform()`` calls `attach_model`, ``forward_backward`` calls `note_loss`, the rank entry
+calls `finish` when the script returned, ``save_checkpoint`` / ``load_checkpoint`` ask
+`writes_checkpoint`, `checkpoint_record` and `resume`. Nothing here imports torchft (or torch)
+until a job asks for it, and nothing here imports the rest of the runtime.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import contextlib
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
+from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import read_replica_group_env
+from meshtrain.contract.fault_tolerance import ReplicaGroupEnv, read_replica_group_env
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from meshtrain_runtime.fault.session import FaultSession
-    from meshtrain_runtime.state import RuntimeState
+    from meshtrain_runtime.fault.group_session import FaultSession
 
 _session: FaultSession | None = None
 
 
-def start(state: RuntimeState) -> RuntimeState:
-    """Join this rank's replica group to the job's quorum, if the job is fault-tolerant.
-
-    Returns `state` with the replica group recorded (unchanged without ``MESHTRAIN_FT_*``).
-    """
+def start(*, rank: int, world_size: int, degrees: ResolvedDegrees,
+          device_type: str) -> ReplicaGroupEnv | None:
+    """Ready this rank's replica group, if the job is fault-tolerant: its settings (None
+    without ``MESHTRAIN_FT_*``). `rank` and `world_size` are the group's own torchrun world's."""
     global _session
     settings = read_replica_group_env(os.environ)
     if settings is None:
-        return state
-    _check_group_layout(state, settings.replica_groups)
-    from meshtrain_runtime.fault.session import FaultSession
-    from meshtrain_runtime.fault.torchft_parts import build_manager
+        return None
+    _check_group_layout(degrees, settings.replica_groups)
+    from meshtrain_runtime.fault.group_session import FaultSession
+    from meshtrain_runtime.fault.torchft_parts import check_group_world, import_torchft
 
+    import_torchft()
+    check_group_world()
     if _session is None:
-        manager, process_group = build_manager(
-            settings, group_rank=state.rank, group_world_size=state.world_size,
-            device_type=state.device.type)
-        _session = FaultSession(settings, manager, process_group, group_rank=state.rank,
-                                group_world_size=state.world_size)
+        _session = FaultSession(settings, group_rank=rank, group_world_size=world_size,
+                                device_type=device_type)
         atexit.register(_session.shutdown)
-    return dataclasses.replace(state, replica_group=settings.replica_group,
-                               replica_groups=settings.replica_groups)
+    return settings
 
 
-def _check_group_layout(state: RuntimeState, replica_groups: int) -> None:
-    degrees = state.degrees
+def _check_group_layout(degrees: ResolvedDegrees, replica_groups: int) -> None:
     if degrees.replicate_degree != 1 or degrees.data_parallel_degree != degrees.world_size:
         raise ConfigError(
             f"fault tolerance: this replica group's {degrees.world_size} ranks resolve to "
@@ -87,7 +89,7 @@ def note_loss(loss: torch.Tensor) -> None:
 def current_step() -> int | None:
     """Steps committed so far (a healed group continues at its peer's count); None when the
     job is not fault-tolerant."""
-    return None if _session is None else int(_session.manager.current_step())
+    return None if _session is None else _session.current_step()
 
 
 def step_to_run() -> int | None:
@@ -98,4 +100,69 @@ def step_to_run() -> int | None:
     return None if _session is None else _session.step_to_run()
 
 
-__all__ = ["attach_model", "current_step", "note_loss", "session", "start", "step_to_run"]
+def track(follower: Any) -> Any:
+    """Keep a torch LR scheduler (or GradScaler) in step with the committed steps; returns it.
+
+    ``scheduler = fault.track(torch.optim.lr_scheduler.LambdaLR(optimizer, ...))``: its
+    ``step()`` (a scaler's ``update()``) does nothing after an optimizer step that did not
+    commit (the optimizer did not move either), and a healing group receives its state from the
+    peer with the model's, so a restarted group goes on at the job's learning rate.
+    ``meshtrain_runtime.grad_scaler()`` returns a tracked scaler already. Without fault
+    tolerance it returns `follower` untouched."""
+    if _session is None:
+        return follower
+    from meshtrain_runtime.fault.follow import follow
+
+    return follow(_session, follower)
+
+
+@contextlib.contextmanager
+def outside_training() -> Iterator[None]:
+    """Optimizer steps inside are no training steps: torch's checkpoint helpers step an
+    optimizer with zero gradients (and lr 0) to create its state, which must start no quorum
+    and commit nothing (save_checkpoint and load_checkpoint run inside this)."""
+    if _session is None:
+        yield
+        return
+    _session.outside_training += 1
+    try:
+        yield
+    finally:
+        _session.outside_training -= 1
+
+
+def finish() -> None:
+    """The script returned (the rank entry calls this): mark this group finished."""
+    if _session is not None:
+        _session.finish()
+
+
+def writes_checkpoint() -> bool:
+    """Whether this rank's group writes the current step's checkpoint (True without fault
+    tolerance): one group's ranks write each step, the others skip it."""
+    return True if _session is None else _session.writes_checkpoint()
+
+
+def checkpoint_record() -> dict[str, int] | None:
+    """What a checkpoint keeps to resume the job's committed steps (None without replica
+    groups)."""
+    return None if _session is None else _session.checkpoint_record()
+
+
+def note_checkpoint(kind: str, seconds: float, step: int | None) -> None:
+    """A checkpoint was written ("write") or loaded ("load") in `seconds` (kept for the job's
+    measured times; no-op without replica groups)."""
+    if _session is not None:
+        _session.note_checkpoint(kind, seconds, step)
+
+
+def resume(record: dict[str, int] | None) -> None:
+    """A checkpoint with `checkpoint_record`'s values was loaded: this group goes on from its
+    committed steps (no-op without replica groups, or for a checkpoint without them)."""
+    if _session is not None and record:
+        _session.resume(record)
+
+
+__all__ = ["attach_model", "checkpoint_record", "current_step", "finish", "note_checkpoint",
+           "note_loss", "outside_training", "resume", "session", "start", "step_to_run", "track",
+           "writes_checkpoint"]

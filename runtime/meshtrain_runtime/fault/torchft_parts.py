@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 from datetime import timedelta
 from typing import Any
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.fault_tolerance import TORCHFT_REQUIREMENT, ReplicaGroupEnv
+from meshtrain_runtime.fault.binding import (
+    bound_http_transport,
+    job_service_address,
+    made_bound,
+)
 
 REPLICA_ID_PREFIX = "meshtrain_ft_"
 """torchft reads a replica's group index from the trailing digits of its id."""
@@ -57,6 +63,15 @@ def recording_process_group(device_type: str, timeout: timedelta) -> Any:
     return Recording(timeout=timeout)
 
 
+def check_group_world() -> None:
+    """ConfigError unless this rank runs in a torchrun world (its group's own)."""
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(key):
+            raise ConfigError(
+                f"fault tolerance: {key} is not set. Each replica group runs as its own torchrun "
+                "world (the backend starts it); a plain `python train.py` cannot join one.")
+
+
 def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_size: int,
                   device_type: str) -> tuple[Any, Any]:
     """(Manager, its process group) for this rank of replica group ``settings.replica_group``.
@@ -66,15 +81,12 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
     import_torchft()
     from torchft.manager import Manager
 
-    for key in ("MASTER_ADDR", "MASTER_PORT"):
-        if not os.environ.get(key):
-            raise ConfigError(
-                f"fault tolerance: {key} is not set. Each replica group runs as its own torchrun "
-                "world (the backend starts it); a plain `python train.py` cannot join one.")
+    check_group_world()
     timeout = timedelta(seconds=settings.quorum_timeout_seconds)
     _forget_earlier_manager(group_rank, timeout)
     pg = recording_process_group(device_type, timeout)
-    manager = Manager(
+    address = job_service_address()  # its servers listen on the job's interface (binding.py)
+    manager = made_bound(Manager, address, group_rank)(
         pg=pg, load_state_dict=None, state_dict=None,
         min_replica_size=settings.min_replica_groups, use_async_quorum=False,
         timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
@@ -82,6 +94,8 @@ def build_manager(settings: ReplicaGroupEnv, *, group_rank: int, group_world_siz
         store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
         lighthouse_addr=settings.lighthouse,
         replica_id=f"{REPLICA_ID_PREFIX}{settings.replica_group}",
+        hostname=address or socket.gethostname(),
+        checkpoint_transport=bound_http_transport(address, timeout),
     )
     return manager, pg
 
@@ -104,4 +118,4 @@ def _forget_earlier_manager(group_rank: int, timeout: timedelta) -> None:
     dist.barrier()
 
 
-__all__ = ["build_manager", "import_torchft", "recording_process_group"]
+__all__ = ["build_manager", "check_group_world", "import_torchft", "recording_process_group"]

@@ -1,5 +1,6 @@
-"""torchrun with three additions: it dies with its bootstrap, it records how ranks failed, and
-a stop is not reported as a crash.
+"""torchrun with four additions: it dies with its bootstrap, it records how ranks failed, a stop
+is not reported as a crash, and on the first host its rendezvous store listens on the job's
+interface only (store.py).
 
 The bootstrap starts ``python -m meshtrain_runtime.host.agent_entry <torchrun arguments>``
 instead of ``python -m torch.distributed.run``. Arguments and behaviour are torchrun's; in addition:
@@ -12,7 +13,9 @@ instead of ``python -m torch.distributed.run``. Arguments and behaviour are torc
   That one exception becomes a one-line note and the conventional exit code (128 + signal);
 - when workers fail, torchrun's ``ChildFailedError`` traceback and its failure banner (30-40
   lines per host, none of them the cause: the ranks' own tracebacks are in the log) become one
-  line naming the failed ranks, and exit code 1.
+  line naming the failed ranks, and exit code 1;
+- each rank's output is copied one whole line at a time (``whole_lines.py``): a line a rank is
+  still writing never shares a line of the log with another rank's.
 Every other error keeps its traceback.
 """
 
@@ -26,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_RANK_ERROR_DIR
+from meshtrain_runtime.host import whole_lines
 from meshtrain_runtime.host.lifeline import die_with_parent
+from meshtrain_runtime.host.store import serve_rendezvous_store
 
 AGENT_FAILURES = "agent-failures.json"
 
@@ -68,6 +73,8 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    whole_lines.install()
+    served = serve_rendezvous_store(sys.argv[1:])  # the store on the job's interface only
     try:
         torchrun_main(sys.argv[1:])
     except ChildFailedError as error:
@@ -80,6 +87,8 @@ def main() -> None:
         print(f"meshtrain: torchrun stopped by {signal.Signals(number).name}; its workers "
               "were ended (a stop, not an error)", file=sys.stderr, flush=True)
         sys.exit(128 + number)
+    finally:
+        del served  # its server lives as long as torchrun
 
 
 if __name__ == "__main__":

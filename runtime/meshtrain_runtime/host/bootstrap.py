@@ -35,10 +35,13 @@ from meshtrain.contract.failures import (
     write_host_record,
 )
 from meshtrain.contract.paths import OptMLPaths
+from meshtrain.contract.phases import Phase
+from meshtrain.contract.private_files import restrict_umask
 from meshtrain_runtime.host import rendezvous
 from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
 from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
 from meshtrain_runtime.host.lifeline import die_with_parent
+from meshtrain_runtime.host.phases import announce
 from meshtrain_runtime.host.provision import ProvisionError, provision_code
 from meshtrain_runtime.host.watchdog import HANG_TIMEOUT_ENV
 
@@ -81,6 +84,16 @@ def build_command(contract: HostContract, script: Path, log_dir: Path | None = N
     return [*command, "--tee", "3", "--log-dir", str(log_dir), *wrapped]
 
 
+def launch_text(contract: HostContract) -> str:
+    """What this host starts, for its launch phase line."""
+    hosts = len(contract.world_hosts)
+    if not contract.torch_distributed:
+        return f"{contract.current_host} runs {contract.entry_point} (one process)"
+    return (f"{contract.current_host} starts torchrun: {contract.processes_per_host} "
+            f"process{'es' if contract.processes_per_host != 1 else ''} on each of {hosts} "
+            f"host{'s' if hosts != 1 else ''}")
+
+
 def _rendezvous_name(contract: HostContract) -> str:
     """The job's rendezvous id; each replica group of a fault-tolerant job meets on its own."""
     group = contract.replica_group
@@ -90,7 +103,7 @@ def _rendezvous_name(contract: HostContract) -> str:
 def build_environment(contract: HostContract, error_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(build_sm_env(contract))
-    env["PYTHONPATH"] = python_path(contract.paths.code_dir)
+    env["PYTHONPATH"] = python_path(contract.code_dir)
     env[names.MESHTRAIN_RANK_ERROR_DIR] = str(error_dir)
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{contract.current_host} rank ${{rank}}] "
     threads = max(1, (os.cpu_count() or 1) // contract.processes_per_host)
@@ -242,8 +255,9 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
         elastic = rendezvous.elastic_arguments(os.environ, _rendezvous_name(contract),
                                                len(contract.world_hosts))
         rendezvous.wait_until_resolvable(rendezvous.endpoint_host(elastic, contract.master_addr))
-    code, tail = run_streaming(command, build_environment(contract, error_dir), paths.code_dir,
-                               forwarder)
+    announce(Phase.LAUNCH, launch_text(contract))
+    code, tail = run_streaming(command, build_environment(contract, error_dir),
+                               contract.code_dir, forwarder)
     if code == 0 and forwarder.received is None:
         paths.output_dir.mkdir(parents=True, exist_ok=True)
         paths.success_file.touch()
@@ -270,6 +284,7 @@ def _host_failure(paths: OptMLPaths, kind: str, text: str) -> None:
 
 def main() -> None:
     die_with_parent()
+    restrict_umask()  # what the host and the user's script write is the job owner's alone
     forwarder = StopForwarder()
     previous = signal.signal(signal.SIGTERM, forwarder)
     paths = OptMLPaths.from_env()

@@ -11,6 +11,7 @@ from typing import Any
 
 from meshtrain.contract import env as names
 from meshtrain.contract import hyperparameters as hp
+from meshtrain.contract import model_trainer as mt
 from meshtrain.contract.distribution import DistributionConfig
 from meshtrain.contract.hyperparameters import (
     decode_hyperparameters,
@@ -19,7 +20,7 @@ from meshtrain.contract.hyperparameters import (
     split_hyperparameters,
     to_cmd_args,
 )
-from meshtrain.contract.paths import OptMLPaths
+from meshtrain.contract.paths import DEFAULT_BASE_DIR, OptMLPaths
 
 DEFAULT_MASTER_PORT = 7777  # the toolkit's torchrun master port
 
@@ -65,7 +66,11 @@ class HostContract:
 
     @classmethod
     def read(cls, paths: OptMLPaths) -> HostContract:
-        decoded = decode_hyperparameters(_read_json(paths.hyperparameters_file, {}))
+        """The config files; on SageMaker, a ModelTrainer job's keys come from meshtrain's
+        drivers channel (its request's hyperparameters are the user's alone)."""
+        encoded = {**_read_json(paths.hyperparameters_file, {}),
+                   **_read_json(paths.channel_dir(mt.DRIVERS_CHANNEL) / mt.JOB_FILE, {})}
+        decoded = decode_hyperparameters(encoded)
         reserved, framework, user = split_hyperparameters(decoded)
         resource = _read_json(paths.resource_config_file, {})
         resource.setdefault("current_host", pod_host() or "algo-1")
@@ -114,6 +119,33 @@ class HostContract:
         return str(self.reserved.get(hp.PROGRAM, ""))
 
     @property
+    def code_dir(self) -> Path:
+        """Where the code is: the submit directory when it is a folder on this host (a
+        ModelTrainer job's code channel on SageMaker), else /opt/ml/code (unpacked there)."""
+        submit = str(self.reserved.get(hp.SUBMIT_DIRECTORY, ""))
+        if not submit.startswith("/"):
+            return self.paths.code_dir
+        folder = Path(submit)
+        if folder.is_relative_to(DEFAULT_BASE_DIR):  # /opt/ml is SAGEMAKER_BASE_DIR's
+            folder = self.paths.base / folder.relative_to(DEFAULT_BASE_DIR)
+        return folder if folder.is_dir() else self.paths.code_dir
+
+    @property
+    def model_trainer(self) -> dict[str, Any] | None:
+        """A ModelTrainer job's source_code / distributed settings (None for an Estimator's)."""
+        settings = self.framework_params.get(mt.SETTINGS_KEY)
+        return settings if isinstance(settings, dict) else None
+
+    @property
+    def requirements_file(self) -> Path | None:
+        """The requirements to install: SourceCode.requirements for a ModelTrainer job (only
+        when given, as SDK v3), else requirements.txt when the code has one (the toolkit)."""
+        if self.model_trainer is None:
+            return self.code_dir / "requirements.txt"
+        requirements = self.model_trainer.get("source_code", {}).get("requirements")
+        return self.code_dir / requirements if requirements else None
+
+    @property
     def job_name(self) -> str:
         return str(self.reserved.get(hp.JOB_NAME, ""))
 
@@ -138,7 +170,14 @@ class HostContract:
         return int(os.environ.get(names.MESHTRAIN_MASTER_PORT) or DEFAULT_MASTER_PORT)
 
     def user_args(self) -> list[str]:
-        return to_cmd_args(self.hyperparameters)
+        """The script's arguments: the toolkit's sorted ``--key value`` for an Estimator's job;
+        SDK v3's drivers' ``--key <JSON>`` in the given order for a ModelTrainer's."""
+        if self.model_trainer is None:
+            return to_cmd_args(self.hyperparameters)
+        args: list[str] = []
+        for key, value in self.hyperparameters.items():
+            args += [f"--{key}", mt.safe_serialize(mt.safe_deserialize(value))]
+        return args
 
     def distribution(self) -> DistributionConfig:
         """The distribution the client encoded into the hyperparameters, decoded (once)."""
@@ -161,7 +200,7 @@ class HostContract:
             "input_data_config": self.input_data_config,
             "input_dir": str(p.input_dir), "job_name": self.job_name,
             "log_level": self.reserved.get(hp.CONTAINER_LOG_LEVEL, 20),
-            "model_dir": str(p.model_dir), "module_dir": str(p.code_dir),
+            "model_dir": str(p.model_dir), "module_dir": str(self.code_dir),
             "module_name": Path(self.entry_point).stem, "network_interface_name":
                 self.resource_config.get("network_interface_name", "eth0"),
             "num_cpus": os.cpu_count() or 1, "num_gpus": self.num_gpus, "num_neurons": 0,
@@ -186,7 +225,8 @@ def build_sm_env(contract: HostContract) -> dict[str, str]:
         names.SM_CURRENT_INSTANCE_TYPE: env["current_instance_type"],
         names.SM_HPS: contract.hyperparameters, names.SM_USER_ENTRY_POINT: contract.entry_point,
         names.SM_USER_ARGS: contract.user_args(), names.SM_MODULE_NAME: env["module_name"],
-        names.SM_MODULE_DIR: str(p.code_dir), names.SM_FRAMEWORK_PARAMS: contract.framework_params,
+        names.SM_MODULE_DIR: str(contract.code_dir),
+        names.SM_FRAMEWORK_PARAMS: contract.framework_params,
         names.SM_RESOURCE_CONFIG: contract.resource_config,
         names.SM_INPUT_DATA_CONFIG: contract.input_data_config, names.SM_TRAINING_ENV: env,
         names.SM_LOG_LEVEL: env["log_level"], names.SM_NUM_CPUS: env["num_cpus"],
@@ -200,11 +240,24 @@ def build_sm_env(contract: HostContract) -> dict[str, str]:
         names.SM_MASTER_ADDR: contract.master_addr, names.SM_MASTER_PORT: contract.master_port,
         names.SM_CHECKPOINT_DIR: os.environ.get(names.SM_CHECKPOINT_DIR, str(p.checkpoints_dir)),
     }
+    values.update(model_trainer_env(contract))
     for channel in contract.channels:
         values[env_name(names.SM_CHANNEL_PREFIX, channel)] = str(p.channel_dir(channel))
     for key, value in contract.hyperparameters.items():
         values[env_name(names.SM_HP_PREFIX, key)] = value
     return {key: env_value(value) for key, value in values.items()}
+
+
+def model_trainer_env(contract: HostContract) -> dict[str, Any]:
+    """What SDK v3's drivers export beyond the toolkit's variables (ModelTrainer jobs)."""
+    settings = contract.model_trainer
+    if settings is None:
+        return {}
+    values: dict[str, Any] = {names.SM_SOURCE_DIR: str(contract.code_dir),
+                              names.SM_ENTRY_SCRIPT: contract.entry_point}
+    if settings.get("distributed"):
+        values[names.SM_DISTRIBUTED_CONFIG] = settings["distributed"]
+    return values
 
 
 def python_path(code_dir: Path) -> str:

@@ -25,7 +25,8 @@ from types import ModuleType
 from typing import Any
 
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_single", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "gather", "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor",
     "scatter", "send",

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.archive import UnsafeArchiveError, safe_extract
+from meshtrain.contract.phases import Phase
 from meshtrain_runtime.host.contract import HostContract
+from meshtrain_runtime.host.phases import announce
 from meshtrain_runtime.host.requirements import ProvisionError, activate, requirements_environment
 
 
@@ -35,7 +37,7 @@ def fetch_submit_directory(submit: str, scratch: Path, region: str | None = None
 
 def provision_code(contract: HostContract) -> Path:
     """Unpack the source into the code dir, install requirements.txt; return the script path."""
-    code_dir = contract.paths.code_dir
+    code_dir = contract.code_dir
     code_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         source = fetch_submit_directory(
@@ -49,7 +51,8 @@ def provision_code(contract: HostContract) -> Path:
     script = code_dir / contract.entry_point
     if not script.is_file():
         raise ProvisionError(f"entry point {contract.entry_point!r} is not in {code_dir}")
-    requirements = code_dir / "requirements.txt"
-    if requirements.is_file():
+    requirements = contract.requirements_file
+    if requirements is not None and requirements.is_file():
+        announce(Phase.REQUIREMENTS, f"{contract.current_host} installs requirements.txt")
         activate(requirements_environment(requirements))
     return script

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import os
 import runpy
@@ -20,7 +21,8 @@ import time
 import traceback
 from pathlib import Path
 
-from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, SM_CURRENT_HOST
+from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, MESHTRAIN_SOURCE_DIR, SM_CURRENT_HOST
+from meshtrain.contract.paths import OptMLPaths
 from meshtrain_runtime.host.lifeline import die_with_parent
 
 USER_ERROR_EXIT_CODE = 1
@@ -35,7 +37,7 @@ def record_failure(error: BaseException, error_dir: str | None) -> None:
         "rank": int(rank),
         "host": os.environ.get(SM_CURRENT_HOST, ""),
         "message": f"{type(error).__name__}: {error}",
-        "traceback": "".join(traceback.format_exception(type(error), error, _user_frames(error))),
+        "traceback": user_traceback(error),
         "time": time.time(),
     }
     path = Path(error_dir) / f"rank-{rank}.json"
@@ -45,6 +47,22 @@ def record_failure(error: BaseException, error_dir: str | None) -> None:
     except OSError as write_error:  # a full disk: the traceback on stderr is all that is left
         print(f"meshtrain: could not record this rank's failure in {path}: {write_error}",
               file=sys.stderr)
+
+
+def user_traceback(error: BaseException) -> str:
+    """The traceback a user reads: their own frames, their files named where they are."""
+    text = "".join(traceback.format_exception(type(error), error, _user_frames(error)))
+    return in_source_dir(text)
+
+
+def in_source_dir(text: str) -> str:
+    """`text` with the job's copy of the code (/opt/ml/code) named as the user's source folder
+    the backend gave (MESHTRAIN_SOURCE_DIR), in traceback frames (``File "..."``)."""
+    source = os.environ.get(MESHTRAIN_SOURCE_DIR)
+    if not source:
+        return text
+    code_dir = str(OptMLPaths.from_env().code_dir)
+    return text.replace(f'File "{code_dir}{os.sep}', f'File "{source.rstrip(os.sep)}{os.sep}')
 
 
 def _user_frames(error: BaseException):
@@ -93,8 +111,19 @@ def end_process(code: int) -> None:
         os._exit(code)
 
 
+def write_whole_lines() -> None:
+    """Each line the script prints reaches the rank's output in one write: the hosts run ranks
+    with PYTHONUNBUFFERED, under which print() writes a text and its newline apart, and
+    torchrun's copy of the output (host/whole_lines.py) would otherwise wait on, or see, half
+    a line. Text still goes out at every newline and every flush."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def run_entry_point(script: str, args: list[str]) -> int:
     """Run `script` as __main__ with `args`; return the process exit code."""
+    write_whole_lines()
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
@@ -112,11 +141,25 @@ def run_entry_point(script: str, args: list[str]) -> int:
     except SystemExit as exit_request:
         code = _exit_code(exit_request)
     except BaseException as error:
-        traceback.print_exception(type(error), error, _user_frames(error))
+        sys.stderr.write(user_traceback(error))
         record_failure(error, os.environ.get(MESHTRAIN_RANK_ERROR_DIR))
         code = 130 if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT_CODE
+    if code == 0:
+        finish_replica_group()
     shutdown_distributed(success=code == 0)
     return code
+
+
+def finish_replica_group() -> None:
+    """A fault-tolerant job: say this rank's replica group finished, while its Manager still
+    heartbeats (meshtrain_runtime.fault.coordination says why); nothing without one."""
+    fault = sys.modules.get("meshtrain_runtime.fault")  # loaded with the runtime's state
+    if fault is not None:
+        try:
+            fault.finish()
+        except Exception as error:  # the run succeeded: say it, do not fail it
+            print(f"meshtrain: could not mark the replica group finished: {error}",
+                  file=sys.stderr)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from meshtrain.contract.private_files import make_private_dir, meshtrain_home
 from meshtrain_runtime.host.contract import PYTHON
 
 READY_FILE = "meshtrain-ready"
@@ -36,10 +37,6 @@ PIP_TAIL_LINES = 40
 
 class ProvisionError(RuntimeError):
     """The user's code could not be made ready (a user error: exit code 1)."""
-
-
-def meshtrain_home() -> Path:
-    return Path(os.environ.get("MESHTRAIN_HOME") or Path.home() / ".meshtrain")
 
 
 def requirements_key(requirements: Path) -> str:
@@ -100,7 +97,7 @@ def _build(env_dir: Path, requirements: Path) -> None:
 def requirements_environment(requirements: Path, home: Path | None = None) -> Path:
     """The environment holding `requirements`: reused when ready, else built (under a lock)."""
     envs = (home or meshtrain_home()) / "envs"
-    envs.mkdir(parents=True, exist_ok=True)
+    make_private_dir(envs, parents=True)  # the job environments are their owner's alone
     env_dir = envs / requirements_key(requirements)
     with open(envs / f"{env_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -1,8 +1,11 @@
 """Activation checkpointing per transformer block, with optional activation offloading.
 
 ``apply_activation_checkpointing`` runs each chosen block's ``forward`` under torch's
-non-reentrant ``torch.utils.checkpoint``: the block keeps only its inputs during forward and
-recomputes the rest in backward. It is applied after tensor parallelism and before FSDP2
+non-reentrant ``torch.utils.checkpoint``. With ``policy="full"`` the block keeps only its
+inputs during forward and recomputes the rest in backward; with ``policy="selective"`` it also
+keeps the outputs of its matmuls and fused attention (torch's selective checkpointing, the ops
+in :mod:`meshtrain_runtime.parallel.selective`) and recomputes only the ops between them. It
+is applied after tensor parallelism and before FSDP2
 (design.md's order); FSDP2's hooks sit on the module's ``__call__``, outside the checkpoint, so
 parameters are gathered once before the recomputation, as torchtitan and Hugging Face do.
 
@@ -27,12 +30,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from meshtrain.contract.distribution import CHECKPOINTING_POLICIES
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.parallel.offload import (
     ActivationOffloader,
     NativeActivationOffloader,
     OffloadStats,
 )
+from meshtrain_runtime.parallel.selective import selective_contexts
 
 if TYPE_CHECKING:
     from meshtrain.contract.distribution import SMPParameters
@@ -54,12 +59,15 @@ class BlockCheckpoint:
     index: int
     """Position of the block in the list given to ``apply_activation_checkpointing``."""
     offloader: Offloader | None
+    policy: str = "full"
+    """"full" (keep the inputs) or "selective" (keep matmul and attention outputs too)."""
 
 
 def apply_activation_checkpointing(
     model: nn.Module,
     blocks: Sequence[nn.Module],
     *,
+    policy: str = "full",
     interval: int = 1,
     offload: bool = False,
     native_offload: bool = False,
@@ -70,8 +78,12 @@ def apply_activation_checkpointing(
     Args:
         model: the root module (receives the end-of-forward hook that starts prefetching).
         blocks: the model's transformer blocks in forward order (``find_blocks(model)``).
+        policy: "full" recomputes a checkpointed block whole; "selective" keeps the outputs of
+            its matmuls and fused attention and recomputes the rest (op-level selective
+            checkpointing). ``activation_checkpointing: True`` is "full".
         interval: ``activation_checkpointing_interval``; 1 checkpoints every block.
-        offload: ``activation_offloading``: move the checkpointed blocks' saved inputs to host.
+        offload: ``activation_offloading``: move the checkpointed blocks' saved inputs to host
+            (a selective block's kept op outputs stay on the device).
         native_offload: ``not sm_activation_offloading``: use torch's ``save_on_cpu`` instead of
             meshtrain's offloader (no prefetch, so the horizon does not apply).
         loading_horizon: ``activation_loading_horizon``: most blocks whose offloaded inputs are
@@ -79,6 +91,7 @@ def apply_activation_checkpointing(
 
     Returns `model` (modified in place). Raises ConfigError for values that cannot work.
     """
+    _check_policy(policy)
     _check_positive_int("activation_checkpointing_interval", interval)
     _check_positive_int("activation_loading_horizon", loading_horizon)
     blocks = list(blocks)
@@ -88,7 +101,8 @@ def apply_activation_checkpointing(
         offloader = _build_offloader(model, native=native_offload, loading_horizon=loading_horizon)
     for index, block in enumerate(blocks):
         if index % interval == 0:
-            setattr(block, _BLOCK_ATTR, BlockCheckpoint(index=index, offloader=offloader))
+            setattr(block, _BLOCK_ATTR,
+                    BlockCheckpoint(index=index, offloader=offloader, policy=policy))
             block.__class__ = _checkpointed_class(type(block))
     return model
 
@@ -96,12 +110,14 @@ def apply_activation_checkpointing(
 def resolve_activation_kwargs(parameters: SMPParameters) -> dict[str, Any] | None:
     """Keyword arguments for :func:`apply_activation_checkpointing` from the distribution keys.
 
-    None when ``activation_checkpointing`` is off. ``sm_activation_offloading`` picks the
-    offload implementation exactly as in SMP (True: meshtrain's with prefetch; False: torch's).
+    None when ``activation_checkpointing`` is off; True is the "full" policy.
+    ``sm_activation_offloading`` picks the offload implementation exactly as in SMP (True:
+    meshtrain's with prefetch; False: torch's).
     """
-    if not parameters.activation_checkpointing:
+    if parameters.checkpointing_policy == "none":
         return None
     return {
+        "policy": parameters.checkpointing_policy,
         "interval": parameters.activation_checkpointing_interval,
         "offload": parameters.activation_offloading,
         "native_offload": not parameters.sm_activation_offloading,
@@ -126,6 +142,15 @@ def checkpointed_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 # --- validation -----------------------------------------------------------------------------
+def _check_policy(policy: Any) -> None:
+    if policy not in CHECKPOINTING_POLICIES:
+        raise ConfigError(
+            f"policy={policy!r} is not a checkpointing policy. Use 'full' (a block keeps its "
+            "inputs and recomputes everything) or 'selective' (it also keeps its matmul and "
+            "attention outputs)."
+        )
+
+
 def _check_positive_int(key: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(
@@ -242,8 +267,10 @@ def _run_checkpointed(
         return inner(*args, **kwargs)
     spec: BlockCheckpoint = block.__dict__[_BLOCK_ATTR]
     kwargs = _without_cache_writes(block, kwargs)
+    # the selective policy: torch's selective checkpointing contexts (checkpoint's own keyword)
+    context = {"context_fn": selective_contexts} if spec.policy == "selective" else {}
     if spec.offloader is None:
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **context, **kwargs)
     if not any(isinstance(a, torch.Tensor) for a in args):
         raise ConfigError(
             f"activation_offloading: block {spec.index} ({type(block).__name__}) was called "
@@ -252,7 +279,7 @@ def _run_checkpointed(
             "activation_offloading=False."
         )
     with spec.offloader.block_hooks():
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **context, **kwargs)
 
 
 def _without_cache_writes(block: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:

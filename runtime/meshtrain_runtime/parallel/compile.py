@@ -39,7 +39,7 @@ def check_compile(
     blocks: Sequence[nn.Module],
     device_type: str,
     activation_offloading: bool,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,
     tensor_parallel_degree: int = 1,
     expert_parallel_degree: int = 1,
 ) -> None:
@@ -52,7 +52,8 @@ def check_compile(
     if tensor_parallel_degree > 1 and activation_checkpointing:
         raise ConfigError(
             f"compile=True with tensor_parallel_degree={tensor_parallel_degree} and "
-            "activation_checkpointing=True: inside a checkpointed block dynamo refuses the "
+            f"activation_checkpointing={activation_checkpointing!r}: inside a checkpointed "
+            "block dynamo refuses the "
             "side effect of the tensor-parallel norms (their replicated weights are swapped "
             "for local tensors: 'HOP: Unsafe side effect ... Attempted to mutate "
             "DunderDictVariable'), so the whole block would run eagerly and compile would do "
@@ -65,7 +66,8 @@ def check_compile(
     if expert_parallel_degree > 1 and activation_checkpointing:
         raise ConfigError(
             f"compile=True with expert_parallel_degree={expert_parallel_degree} and "
-            "activation_checkpointing=True: the expert all-to-all has data-dependent sizes, "
+            f"activation_checkpointing={activation_checkpointing!r}: the expert all-to-all has "
+            "data-dependent sizes, "
             "which break the compiled graph, and a graph break inside a checkpointed block "
             "makes torch.compile run the whole block eagerly, so compile would do nothing. "
             "Set activation_checkpointing=False (compile then covers the blocks' dense parts) "

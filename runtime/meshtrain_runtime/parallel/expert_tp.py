@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from meshtrain_runtime.parallel.collectives import all_gather_into
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _all_gather_rows(local: torch.Tensor, split: TokenSplit, total: int) -> torc
     padded = local.new_zeros((chunk, *local.shape[1:]))
     padded[: local.shape[0]] = local
     gathered = padded.new_empty((split.size * chunk, *local.shape[1:]))
-    dist.all_gather_into_tensor(gathered, padded, group=split.group)
+    all_gather_into(gathered, padded, group=split.group)
     parts = gathered.split(chunk)
     rows = [part[: stop - start] for part, (start, stop) in
             ((p, split.bounds(total, r)) for r, p in enumerate(parts))]

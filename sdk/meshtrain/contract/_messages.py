@@ -27,6 +27,16 @@ def divisors_text(n: int) -> str:
     return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
 
 
+def counted(count: int, word: str, plural: str | None = None) -> str:
+    """``1 host`` / ``2 hosts``: a count with its noun in the right number."""
+    return f"{count} {word if count == 1 else plural or word + 's'}"
+
+
+def hosts_and_processes(hosts: int, per_host: int) -> str:
+    """``1 host x 2 processes``, as messages and views describe a cluster."""
+    return f"{counted(hosts, 'host')} x {counted(per_host, 'process', 'processes')}"
+
+
 def _location(prefix: str, loc: tuple) -> str:
     parts = [prefix] if prefix else []
     parts += [str(p) for p in loc if not str(p).startswith("function-")]
@@ -43,14 +53,27 @@ def config_error_from(
         where = _location(prefix, loc)
         if item["type"] == "extra_forbidden":
             parent = ".".join(str(p) for p in loc[:-1])
-            hint = did_you_mean(loc[-1], known_keys.get(parent, ()))
+            hint = (_belongs_elsewhere(str(loc[-1]), parent, prefix, known_keys)
+                    or did_you_mean(loc[-1], known_keys.get(parent, ())))
             allowed = ", ".join(sorted(known_keys.get(parent, ())))
             lines.append(f"{where}: unknown key.{hint} Allowed keys: {allowed}.")
         else:
-            msg = item["msg"].removeprefix("Value error, ")
+            # a validator's message may end in a period: the line adds exactly one
+            msg = item["msg"].removeprefix("Value error, ").rstrip(".")
             given = "" if item["type"] == "value_error" else f" (got {_short(item.get('input'))})"
-            lines.append(f"{where}: {msg}{given}.")
+            lines.append(_sentence(f"{where}: {msg}{given}"))
     return ConfigError("Invalid distribution: " + " ".join(lines))
+
+
+def _belongs_elsewhere(key: str, parent: str, prefix: str,
+                       known_keys: dict[str, Iterable[str]]) -> str:
+    """' It belongs under X.' when `key` is a key of another level (tensor_parallel_degree
+    placed under torch_distributed), else ''."""
+    homes = [other for other, keys in known_keys.items() if other != parent and key in keys]
+    if not homes:
+        return ""
+    home = ".".join(part for part in (prefix, homes[0]) if part)
+    return f" It belongs under {home}."
 
 
 def arguments_error_from(error: ValidationError, *, what: str) -> ConfigError:
@@ -62,6 +85,11 @@ def arguments_error_from(error: ValidationError, *, what: str) -> ConfigError:
         lines.append(f"{where}: {msg} (got {_short(item.get('input'))}).")
     return ConfigError(f"Invalid {what} argument(s): " + " ".join(lines)
                        + " Pass the type shown in the argument's documentation.")
+
+
+def _sentence(text: str) -> str:
+    """`text` ending in exactly one period (a message may already end with its own)."""
+    return text if text.endswith((".", "?", "!")) else f"{text}."
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -6,11 +6,13 @@ import gzip
 import io
 import os
 import posixpath
+import stat
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.private_files import PRIVATE_UMASK
 
 EXCLUDED_DIRS = frozenset({".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")
@@ -119,7 +121,9 @@ def check_members(members: Iterable[tarfile.TarInfo], destination: Path) -> None
 
 
 def safe_extract(tarball: Path, destination: Path) -> None:
-    """Extract a (gzip) tarball into `destination` after checking every member."""
+    """Extract a (gzip) tarball into `destination` after checking every member; what it
+    writes is its owner's alone (the members' group and other bits are cleared, as
+    contract/private_files.py says of every file of a job)."""
     destination.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tarball, mode="r:*") as tar:
         members = tar.getmembers()
@@ -128,3 +132,7 @@ def safe_extract(tarball: Path, destination: Path) -> None:
             tar.extractall(destination, members=members, filter="data")
         else:  # Python without extraction filters: the checks above are the guard
             tar.extractall(destination, members=members)
+    for dirpath, dirnames, filenames in os.walk(destination):  # members keep their own modes
+        for path in (Path(dirpath) / name for name in [*dirnames, *filenames]):
+            if not path.is_symlink():
+                path.chmod(stat.S_IMODE(path.stat().st_mode) & ~PRIVATE_UMASK)

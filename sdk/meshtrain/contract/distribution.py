@@ -16,18 +16,33 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from meshtrain.contract._messages import config_error_from, did_you_mean
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import FaultTolerance
-from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES, check_pipeline
+from meshtrain.contract.fault_tolerance import DEFAULT_REPLICA_GROUP_RESTARTS, FaultTolerance
+from meshtrain.contract.pipeline_checks import (
+    SINGLE_STAGE_SCHEDULES,
+    ZERO_BUBBLE_SCHEDULES,
+    check_pipeline,
+    default_microbatches,
+)
 
 ShardingStrategy = Literal[
     "full_shard", "shard_grad_op", "hybrid_shard", "_hybrid_shard_zero2", "no_shard"
 ]
 MixedPrecision = Literal["bf16", "fp16", "fp32"]
 CpCommType = Literal["p2p", "all_gather", "a2a"]
+CheckpointingPolicy = Literal["full", "selective"]
+CHECKPOINTING_POLICIES: tuple[str, ...] = ("full", "selective")
 PipelineSchedule = Literal[
     "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"
 ]
@@ -51,8 +66,11 @@ class SMPParameters(_Strict):
     expert_parallel_degree: int = Field(1, ge=1)
     random_seed: int | None = None
     # --- meshtrain extensions ---
-    activation_checkpointing: bool = False
-    """Checkpoint every transformer block (or every n-th, see the interval)."""
+    activation_checkpointing: bool | CheckpointingPolicy = False
+    """Checkpoint transformer blocks (every one, or every n-th: see the interval). True or
+    "full": a block keeps only its inputs and recomputes everything in backward; "selective"
+    (op-level): it also keeps the outputs of its matmuls and fused attention and recomputes
+    only the cheap ops between them (norms, activations, rotary embeddings)."""
     activation_checkpointing_interval: int = Field(1, ge=1)
     """With checkpointing on, checkpoint blocks 0, n, 2n, ... (1 = every block)."""
     activation_offloading: bool = False
@@ -78,7 +96,8 @@ class SMPParameters(_Strict):
     group are resolved within each stage's world / pp ranks (docs/pipeline-parallel.md)."""
     microbatches: int = Field(1, ge=1)
     """Microbatches per step: the pipeline schedule's; without pipelining, gradient
-    accumulation in ``forward_backward``."""
+    accumulation in ``forward_backward``. Unset: the number of pipeline stages
+    (``pipeline_parallel_degree x stages_per_rank``, what every schedule accepts), else 1."""
     pipeline_schedule: PipelineSchedule = "1F1B"
     """torch.distributed.pipelining's schedule, named without "Schedule"."""
     pipeline_stages_per_rank: int | None = Field(None, ge=1)
@@ -95,15 +114,47 @@ class SMPParameters(_Strict):
     """Ranks of this job can ``import torch.sagemaker`` (SMP v2 scripts run unchanged, see
     docs/smp-compat.md); False leaves the name unresolved."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_microbatches(cls, data: Any) -> Any:
+        """Unset microbatches follow the pipeline: what the chosen schedule needs."""
+        if isinstance(data, dict) and data.get("microbatches") is None:
+            chosen = default_microbatches(data)
+            if chosen is not None:
+                return {**data, "microbatches": chosen}
+        return data
+
     @model_validator(mode="after")
     def _check_relations(self) -> SMPParameters:
         self._check_context_vs_shard()
         self._check_context_combinations()
         self._check_expert_and_sequence_parallel()
         self._check_offloading()
+        self._check_selective_vs_split_backward()
         self._check_strategy_vs_degree()
         check_pipeline(self)
         return self
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _check_checkpointing_policy(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value in CHECKPOINTING_POLICIES:
+            return value
+        close = did_you_mean(value, CHECKPOINTING_POLICIES) if isinstance(value, str) else ""
+        hint = f" ({close.strip().rstrip('?').lower()}?)" if close else ""
+        raise ValueError(
+            f"activation_checkpointing={value!r} is not a checkpointing policy{hint}. Use True "
+            "(or 'full') to recompute whole blocks, 'selective' to keep their matmul and "
+            "attention outputs and recompute the rest, or False."
+        )
+
+    @property
+    def checkpointing_policy(self) -> Literal["none", "full", "selective"]:
+        """``activation_checkpointing`` as a policy name ("none" when it is off)."""
+        value = self.activation_checkpointing
+        if value is True:
+            return "full"
+        return value or "none"
 
     @property
     def stages_per_rank(self) -> int:
@@ -165,6 +216,18 @@ class SMPParameters(_Strict):
                 "activation_checkpointing is False. Set activation_checkpointing=True as well."
             )
 
+    def _check_selective_vs_split_backward(self) -> None:
+        schedule = self.pipeline_schedule
+        if (self.checkpointing_policy == "selective" and self.pipeline_parallel_degree > 1
+                and schedule in ZERO_BUBBLE_SCHEDULES):
+            raise ValueError(
+                f"activation_checkpointing='selective' with pipeline_schedule={schedule!r}: "
+                "the zero-bubble schedules split each block's backward in two passes (input, "
+                "then weight gradients), each recomputing the block, and torch's selective "
+                "checkpointing hands its kept outputs to one recompute only. Use "
+                "activation_checkpointing=True (it recomputes twice), or '1F1B' / "
+                "'Interleaved1F1B'.")
+
     def _check_strategy_vs_degree(self) -> None:
         strategy, hsd = self.sharding_strategy, self.hybrid_shard_degree
         if strategy == "no_shard" and hsd >= 2:
@@ -194,7 +257,9 @@ class TorchDistributed(_Strict):
     max_restarts: int = Field(0, ge=0)
     """meshtrain extension: times every host of a job is restarted after a failure (a new
     rendezvous, the same job, the same /opt/ml). Honoured by local jobs (the supervisor) and
-    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value."""
+    on Kubernetes (elasticPolicy.maxRestarts); SageMaker refuses a non-zero value. With
+    ``fault_tolerance`` it counts per replica group and defaults to
+    ``DEFAULT_REPLICA_GROUP_RESTARTS`` (docs/fault-tolerance.md)."""
     stop_grace_seconds: int = Field(120, ge=0)
     """meshtrain extension: on a stop (stop(), Ctrl-C, max_run, SIGTERM to a host) the ranks get
     SIGTERM and this long to save and exit before SIGKILL (SageMaker's figure, 120 s). Local
@@ -206,7 +271,17 @@ class TorchDistributed(_Strict):
     fault_tolerance: FaultTolerance | None = None
     """meshtrain extension: replica groups that fail alone and heal from a live peer
     (docs/fault-tolerance.md); checked against the cluster by
-    ``meshtrain.contract.fault_tolerance.check_fault_tolerance``."""
+    ``meshtrain.contract.fault_tolerance_checks.check_fault_tolerance``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replica_groups_restart_by_default(cls, data: Any) -> Any:
+        """A fault-tolerant job without max_restarts gets a restart budget per group: a failed
+        group then comes back by itself (the others never wait for it)."""
+        if (isinstance(data, dict) and data.get("fault_tolerance") is not None
+                and "max_restarts" not in data):
+            return {**data, "max_restarts": DEFAULT_REPLICA_GROUP_RESTARTS}
+        return data
 
 
 class ModelParallel(_Strict):
@@ -270,8 +345,10 @@ class DistributionConfig(_Strict):
     def to_dict(self) -> dict[str, Any]:
         """The distribution dict this config was built from (SMP parameters as given, defaults
         left out): what `from_dict` reads back to an equal config, and what JSON carries."""
-        out: dict[str, Any] = {"torch_distributed": self.torch_distributed.model_dump(
-            exclude_defaults=True)}
+        torch_distributed = self.torch_distributed.model_dump(exclude_defaults=True)
+        if self.torch_distributed.fault_tolerance is not None:  # its default depends on it
+            torch_distributed["max_restarts"] = self.torch_distributed.max_restarts
+        out: dict[str, Any] = {"torch_distributed": torch_distributed}
         if self.smdistributed is not None:
             smd: dict[str, Any] = {}
             mp = self.smdistributed.modelparallel
@@ -383,6 +460,8 @@ _KNOWN_KEYS = {
 _KNOWN_KEYS_BARE = {"": list(SMPParameters.model_fields)}
 
 __all__ = [
+    "CHECKPOINTING_POLICIES",
+    "CheckpointingPolicy",
     "DistributionConfig",
     "ModelParallel",
     "SMDistributed",

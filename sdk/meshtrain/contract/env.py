@@ -38,6 +38,9 @@ SM_CHECKPOINT_DIR = "SM_CHECKPOINT_DIR"  # meshtrain addition: CheckpointConfig.
 SM_MASTER_ADDR = "SM_MASTER_ADDR"
 SM_MASTER_PORT = "SM_MASTER_PORT"
 SM_HP_MP_PARAMETERS = "SM_HP_MP_PARAMETERS"
+SM_SOURCE_DIR = "SM_SOURCE_DIR"  # SDK v3 (ModelTrainer) drivers: the code's folder
+SM_ENTRY_SCRIPT = "SM_ENTRY_SCRIPT"  # SDK v3: SourceCode.entry_script
+SM_DISTRIBUTED_CONFIG = "SM_DISTRIBUTED_CONFIG"  # SDK v3: the launcher's distributed.json
 TRAINING_JOB_NAME = "TRAINING_JOB_NAME"
 
 # meshtrain's own variables (set by backends, read by the runtime)
@@ -50,12 +53,18 @@ MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks lea
 MESHTRAIN_ATTEMPT = "MESHTRAIN_ATTEMPT"  # 1, then 2, 3 ... when a job's hosts are restarted
 MESHTRAIN_STOP_GRACE_SECONDS = "MESHTRAIN_STOP_GRACE_SECONDS"  # SIGTERM -> SIGKILL on a stop
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
+# The user's source_dir (the folder the code dir was packed from) where it is on the client's
+# machine: tracebacks name the user's files, not the job's copy in /opt/ml/code
+MESHTRAIN_SOURCE_DIR = "MESHTRAIN_SOURCE_DIR"
 # fault tolerance (torch_distributed.fault_tolerance): each replica group is its own torchrun
 # world; the backend tells every host (and so every rank) which group it is and where the
 # torchft lighthouse listens
 MESHTRAIN_FT_REPLICA_GROUP = "MESHTRAIN_FT_REPLICA_GROUP"  # 0 .. N-1
 MESHTRAIN_FT_REPLICA_GROUPS = "MESHTRAIN_FT_REPLICA_GROUPS"  # N
 MESHTRAIN_FT_LIGHTHOUSE = "MESHTRAIN_FT_LIGHTHOUSE"  # http://host:port
+# a folder every replica group's ranks can read and write (the job's): which group finished the
+# job, which group writes a step's checkpoint (meshtrain_runtime.fault.coordination)
+MESHTRAIN_FT_COORDINATION_DIR = "MESHTRAIN_FT_COORDINATION_DIR"
 
 BOOTSTRAP_MODULE = "meshtrain_runtime.host.bootstrap"
 """What every backend runs in each host (``python -m``; the image's ``train`` does the same)."""

@@ -4,24 +4,24 @@
 ``hybrid_shard_degree``: the hosts of one replica of the HSDP replicate dimension form a replica
 group that may fail alone. Each group is its own torchrun world (shard axis only); gradients are
 averaged across the LIVE groups through torchft (docs/fault-tolerance.md). This module holds the
-pydantic model, the client's checks (layout and platform) and the environment a rank reads.
+pydantic model, the platform check, how the lighthouse is run and the environment a rank reads;
+the layout check, which needs the resolved degrees, is fault_tolerance_checks.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshtrain.contract import env as names
-from meshtrain.contract._messages import divisors
 from meshtrain.contract.errors import ConfigError
-
-if TYPE_CHECKING:
-    from meshtrain.contract.degrees import ResolvedDegrees
-    from meshtrain.contract.distribution import DistributionConfig
 
 TORCHFT_REQUIREMENT = "torchft==0.2.0"
 """What ``pip install 'meshtrain[ft]'`` installs (Linux x86_64 wheels only)."""
@@ -30,6 +30,34 @@ MIN_REPLICA_GROUPS_ENV = "MESHTRAIN_FT_MIN_REPLICA_GROUPS"
 QUORUM_TIMEOUT_ENV = "MESHTRAIN_FT_QUORUM_TIMEOUT_SECONDS"
 RECORDS_FOLDER = "fault_tolerance"
 """``<output data dir>/fault_tolerance/replica-<g>.jsonl``: one JSON line per step per group."""
+DEFAULT_REPLICA_GROUP_RESTARTS = 3
+"""``max_restarts`` of a fault-tolerant job that does not set it, per replica group. A restart
+costs only the failed group's time (the others keep stepping), so a budget is there to end a
+crash loop, not to save the job's time: a group that fails a fourth time is more likely broken
+(a bad host, a bug that only a restarted group meets) than unlucky, and is left out instead of
+restarting until max_run. Long jobs at scale expect more failures per group: set max_restarts
+to what ``meshtrain plan --goodput`` expects."""
+LIGHTHOUSE_HEARTBEAT_TIMEOUT_MS = 2000
+"""How long the lighthouse waits for a heartbeat (torchft's default: 5000 ms). With two groups,
+torchft forms no quorum of the survivor alone while the dead group still counts as alive (its
+split-brain rule), so this is most of a survivor's pause after a failure: 2 s (heartbeats come
+every 100 ms from a thread of their own) keeps that pause, failed step included, under 5 s."""
+
+
+def lighthouse_join_timeout_ms(ft: FaultTolerance) -> int:
+    """How long a quorum waits for a group that heartbeats but has not asked for this step's
+    quorum: as long as a quorum may take. A group heartbeats only from its first step on
+    (meshtrain_runtime.fault starts its Manager there), so a group that heartbeats without
+    asking is in a step, or has just finished the job; the others wait for it rather than step
+    on alone (torchft's default, 60 s, is the same figure)."""
+    return ft.quorum_timeout_seconds * 1000
+
+
+def lighthouse_arguments(ft: FaultTolerance) -> list[str]:
+    """torchft lighthouse arguments of a job (every backend runs it so), its address aside."""
+    return ["--min_replicas", str(ft.min_replica_groups),
+            "--join_timeout_ms", str(lighthouse_join_timeout_ms(ft)),
+            "--heartbeat_timeout_ms", str(LIGHTHOUSE_HEARTBEAT_TIMEOUT_MS)]
 
 
 class FaultTolerance(BaseModel):
@@ -53,54 +81,6 @@ class FaultTolerance(BaseModel):
                 f"{self.replica_groups}: no step could ever commit. Use min_replica_groups "
                 f"between 1 and {self.replica_groups}")
         return self
-
-
-def check_fault_tolerance(config: DistributionConfig, *, instance_count: int,
-                          processes_per_host: int, degrees: ResolvedDegrees | None) -> None:
-    """The client's check of a fault-tolerant layout (ConfigError with the arithmetic)."""
-    ft = config.torch_distributed.fault_tolerance
-    if ft is None:
-        return
-    n = ft.replica_groups
-    if degrees is None:
-        raise ConfigError(
-            f"torch_distributed.fault_tolerance (replica_groups={n}) makes each replica of "
-            "hybrid sharding a replica group, but smdistributed.modelparallel is not enabled. "
-            "Add 'smdistributed': {'modelparallel': {'enabled': True, 'parameters': "
-            f"{{'hybrid_shard_degree': <ranks per group>}}}} to the distribution.")
-    if instance_count % n:
-        usable = [str(d) for d in divisors(instance_count) if d >= 2]
-        fix = f"Use replica_groups {' or '.join(usable)}, or" if usable else "Use"
-        raise ConfigError(
-            f"fault_tolerance.replica_groups={n} does not divide instance_count="
-            f"{instance_count}: every replica group is a whole number of hosts. {fix} an "
-            f"instance_count that is a multiple of {n}.")
-    _check_plain_sharding(degrees, n)
-    per_group, shard = degrees.world_size // n, degrees.hybrid_shard_degree
-    if shard != per_group:
-        groups = degrees.world_size // shard
-        other = f", or replica_groups={groups}" if groups >= 2 and groups != n else ""
-        raise ConfigError(
-            f"fault_tolerance.replica_groups={n}: each group has {instance_count // n} "
-            f"host(s) x {processes_per_host} processes = {per_group} ranks, but the resolved "
-            f"hybrid_shard_degree is {shard}: a replica group must be exactly one sharding "
-            "group (the replicate dimension spans the groups). Set hybrid_shard_degree="
-            f"{per_group}{other}.")
-
-
-def _check_plain_sharding(degrees: ResolvedDegrees, n: int) -> None:
-    others = {"tensor_parallel_degree": degrees.tensor_parallel_degree,
-              "pipeline_parallel_degree": degrees.pipeline_parallel_degree,
-              "context_parallel_degree": degrees.context_parallel_degree,
-              "expert_parallel_degree": degrees.expert_parallel_degree}
-    given = {key: value for key, value in others.items() if value > 1}
-    if given:
-        listed = ", ".join(f"{key}={value}" for key, value in given.items())
-        raise ConfigError(
-            f"fault_tolerance.replica_groups={n} with {listed}: fault-tolerant replica groups "
-            "run hybrid sharding only in this build (each group one sharding group, gradients "
-            "averaged across the live groups). Set those degrees to 1, or remove "
-            "fault_tolerance.")
 
 
 def check_fault_tolerance_platform(system: str, machine: str, *, where: str) -> None:
@@ -129,6 +109,9 @@ class ReplicaGroupEnv:
     lighthouse: str
     min_replica_groups: int = 1
     quorum_timeout_seconds: int = 60
+    coordination_dir: str | None = None
+    """A folder every group's ranks share (MESHTRAIN_FT_COORDINATION_DIR), None where the
+    backend has none (Kubernetes): finish markers and the checkpoint writer need it."""
 
 
 def read_replica_group_env(environ: Mapping[str, str]) -> ReplicaGroupEnv | None:
@@ -153,16 +136,57 @@ def read_replica_group_env(environ: Mapping[str, str]) -> ReplicaGroupEnv | None
     if not 0 <= group < count:
         raise ConfigError(f"fault tolerance: MESHTRAIN_FT_REPLICA_GROUP={group} is not in "
                           f"0..{count - 1} (MESHTRAIN_FT_REPLICA_GROUPS={count}).")
-    return ReplicaGroupEnv(group, count, environ[keys[2]], minimum, timeout)
+    return ReplicaGroupEnv(group, count, environ[keys[2]], minimum, timeout,
+                           environ.get(names.MESHTRAIN_FT_COORDINATION_DIR) or None)
+
+
+FINISHED = "finished"
+"""Marker kind: the group's script returned; its ranks had committed ``committed_steps``."""
+SUPERSEDED = "superseded"
+"""Marker kind: the group stopped itself because another group finished the job first."""
+
+
+def marker_path(folder: str | os.PathLike, kind: str, group: int) -> Path:
+    """``<coordination dir>/<kind>-<g>.json``: one replica group's marker (the runtime writes
+    it, the backend reads it)."""
+    return Path(folder) / f"{kind}-{group}.json"
+
+
+def write_marker(folder: str | os.PathLike, kind: str, group: int,
+                 payload: dict[str, Any]) -> None:
+    """Write one group's marker whole (a reader never sees half of it)."""
+    path = marker_path(folder, kind, group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    partial.write_text(json.dumps({"replica_group": group, **payload}))
+    partial.replace(path)
+
+
+def read_markers(folder: str | os.PathLike, kind: str) -> dict[int, dict[str, Any]]:
+    """Every group's marker of `kind` under `folder`, by group."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in sorted(Path(folder).glob(f"{kind}-*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            record = json.loads(path.read_text())
+            found[int(record["replica_group"])] = record
+    return found
 
 
 __all__ = [
+    "DEFAULT_REPLICA_GROUP_RESTARTS",
+    "FINISHED",
+    "LIGHTHOUSE_HEARTBEAT_TIMEOUT_MS",
     "RECORDS_FOLDER",
+    "SUPERSEDED",
     "TORCHFT_REQUIREMENT",
     "FaultTolerance",
     "ReplicaGroupEnv",
-    "check_fault_tolerance",
     "check_fault_tolerance_platform",
+    "lighthouse_arguments",
+    "lighthouse_join_timeout_ms",
+    "marker_path",
     "rank_environment",
+    "read_markers",
     "read_replica_group_env",
+    "write_marker",
 ]

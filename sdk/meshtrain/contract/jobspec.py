@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from meshtrain.contract import hyperparameters as hp
+from meshtrain.contract import job_environment
 from meshtrain.contract.distribution import DistributionConfig
+from meshtrain.contract.model_trainer import SETTINGS_KEY, ModelTrainerSpec, safe_serialize
 
 DEFAULT_CONTAINER_LOG_LEVEL = 20  # logging.INFO, as the SageMaker SDK sends it
 
@@ -55,6 +58,10 @@ class JobSpec(BaseModel):
     metric_definitions: list[dict[str, str]] = Field(default_factory=list)
     container_log_level: int = DEFAULT_CONTAINER_LOG_LEVEL
     region: str | None = None
+    model_trainer: ModelTrainerSpec | None = None
+    """Set for a job made by SDK v3's ModelTrainer (meshtrain.sagemaker.train): its request
+    parts, its code settings, and its conventions (strings raw in the hyperparameters, the
+    script's arguments in the given order, code as a channel on SageMaker)."""
 
     @field_validator("distribution", mode="before")
     @classmethod
@@ -80,22 +87,63 @@ class JobSpec(BaseModel):
     def from_json(cls, text: str) -> JobSpec:
         return cls.model_validate_json(text)
 
+    def to_record_json(self) -> str:
+        """spec.json, the client's record of the job: the environment's names with masked
+        values (contract/job_environment.py)."""
+        return self.model_copy(
+            update={"environment": job_environment.masked(self.environment)}).to_json()
+
+    def with_environment_from(self, process_env: Mapping[str, str]) -> JobSpec:
+        """This spec read back from its record, its masked environment values restored from
+        MESHTRAIN_JOB_ENVIRONMENT in `process_env` (ConfigError when they are not there)."""
+        names = job_environment.masked_names(self.environment)
+        if not names:
+            return self
+        values = job_environment.values_from(process_env, names)
+        return self.model_copy(update={"environment": {**self.environment, **values}})
+
     def distribution_hyperparameters(self) -> dict[str, Any]:
         """What the SageMaker SDK's PyTorch estimator adds for the distribution (contract §2.3)."""
         return hp.encode_distribution(self.distribution_config(), self.instance_type)
 
     def container_hyperparameters(self, submit_directory: str) -> dict[str, str]:
         """The JSON-encoded HyperParameters map, as CreateTrainingJob (or local mode) gets it."""
+        if self.model_trainer is not None:
+            return {**self.request_hyperparameters(), **self.job_hyperparameters(submit_directory)}
         values: dict[str, Any] = dict(self.hyperparameters)
         values.update(self.distribution_hyperparameters())
-        values.update({
+        values.update(self._job_keys(submit_directory))
+        return hp.encode_hyperparameters(values)
+
+    def _job_keys(self, submit_directory: str) -> dict[str, Any]:
+        keys: dict[str, Any] = {
             hp.PROGRAM: self.entry_point,
             hp.SUBMIT_DIRECTORY: submit_directory,
             hp.CONTAINER_LOG_LEVEL: self.container_log_level,
             hp.JOB_NAME: self.job_name,
-        })
+        }
         if self.region:
-            values[hp.REGION] = self.region
+            keys[hp.REGION] = self.region
+        return keys
+
+    def request_hyperparameters(self) -> dict[str, str]:
+        """A ModelTrainer job's HyperParameters as SDK v3 sends them: the user's values
+        (strings raw, the rest as JSON) and the SMP parameters' ``mp_parameters``."""
+        values = {key: safe_serialize(value) for key, value in self.hyperparameters.items()}
+        if self.model_trainer is not None and self.model_trainer.mp_parameters is not None:
+            values[hp.MP_PARAMETERS] = self.model_trainer.mp_parameters
+        return values
+
+    def job_hyperparameters(self, submit_directory: str) -> dict[str, str]:
+        """A ModelTrainer job's own keys, JSON-encoded as a v2 request would carry them: the
+        program, the submit directory, the distribution's framework keys, the host settings.
+        On SageMaker they travel in the drivers channel (JOB_FILE), elsewhere in
+        hyperparameters.json beside the user's."""
+        values = {key: value for key, value in self.distribution_hyperparameters().items()
+                  if key != hp.MP_PARAMETERS}
+        values.update(self._job_keys(submit_directory))
+        if self.model_trainer is not None:
+            values[SETTINGS_KEY] = self.model_trainer.host_settings()
         return hp.encode_hyperparameters(values)
 
     def resource_config(self, host: str, instance_type: str | None = None) -> dict[str, Any]:

@@ -123,6 +123,19 @@ def mesh_shape(
     return tuple(axis_size(degrees, axis) for axis in axes)
 
 
+def describe_mesh(degrees: ResolvedDegrees) -> str:
+    """The layout in one line, e.g. ``pp 2 x replicate 1 x shard 2 x tp 2 (ep 2 over shard x
+    tp)``: every layout axis with its size, then the axes carved out of the sharding group."""
+    text = " x ".join(f"{axis.value} {axis_size(degrees, axis)}" for axis in LAYOUT_AXES)
+    carved = []
+    if degrees.context_parallel_degree > 1:
+        carved.append(f"cp {degrees.context_parallel_degree} within shard")
+    if degrees.expert_parallel_degree > 1:
+        over = "shard x tp" if degrees.tensor_parallel_degree > 1 else "shard"
+        carved.append(f"ep {degrees.expert_parallel_degree} within {over}")
+    return text + (f" ({', '.join(carved)})" if carved else "")
+
+
 def axis_names(axes: tuple[MeshAxis, ...]) -> tuple[str, ...]:
     """Plain ``str`` names for DeviceMesh ``mesh_dim_names``."""
     return tuple(axis.value for axis in axes)
@@ -155,6 +168,7 @@ __all__ = [
     "MeshAxis",
     "axis_names",
     "axis_size",
+    "describe_mesh",
     "mesh_shape",
     "rank_coordinates",
 ]

@@ -24,6 +24,28 @@ ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
 ROUND_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
 
 
+def default_microbatches(raw: dict[str, Any]) -> int | None:
+    """The microbatches an unset key means, from the raw parameters: the number of stages
+    (``pipeline_parallel_degree x stages_per_rank``), the fewest that keep every stage busy and
+    that every schedule accepts (1F1B: at least one per stage; the interleaved ones: a multiple
+    of their rounds); 1 without pipelining. None when the values are not valid yet (their own
+    checks then report them)."""
+    pp = raw.get("pipeline_parallel_degree", 1)
+    schedule = raw.get("pipeline_schedule", "1F1B")
+    per_rank = raw.get("pipeline_stages_per_rank")
+    if not _is_count(pp) or not isinstance(schedule, str):
+        return None
+    if per_rank is None:
+        per_rank = 1 if schedule in SINGLE_STAGE_SCHEDULES else 2
+    if not _is_count(per_rank):
+        return None
+    return pp * per_rank if pp > 1 else 1
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def check_pipeline(params: Any) -> None:
     """Raise ValueError (the contract turns it into a ConfigError) for pipeline parameters
     that torch's schedules, or this build, cannot run."""
@@ -62,7 +84,8 @@ def _check_microbatches(schedule: str, microbatches: int, pp: int, stages: int) 
         raise ValueError(
             f"pipeline_schedule='1F1B' with microbatches={microbatches} and {stages} stages: "
             "torch says \"Number of microbatches must be greater than or equal to the number "
-            f"of stages\". Use microbatches >= {stages}.")
+            f"of stages\". Use microbatches >= {stages}, or leave it unset (the default is the "
+            "number of stages).")
     if schedule in ROUND_SCHEDULES:
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
@@ -89,12 +112,6 @@ def _check_split_points(points: list[int] | None, stages: int, pp: int, per_rank
 
 
 def _check_combinations(params: Any, pp: int, schedule: str) -> None:
-    if params.expert_parallel_degree > 1:
-        raise ValueError(
-            f"expert_parallel_degree={params.expert_parallel_degree} with "
-            f"pipeline_parallel_degree={pp}: an MoE model's auxiliary (load-balancing) loss "
-            "is summed over the router outputs of every layer, which a pipeline stage boundary "
-            "does not carry. Use one of them (set the other to 1).")
     for key in ("sequence_parallel", "loss_parallel"):
         if getattr(params, key):
             raise ValueError(

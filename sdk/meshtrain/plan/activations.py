@@ -33,6 +33,20 @@ intermediate dim. With sequence parallelism norms run on a sequence shard, but t
 all-gathered input of each column-wise projection, so those stay full size (Megatron saves the
 shard and gathers again in backward; the ``gpt`` family keeps the paper's convention).
 
+Op-level selective checkpointing (``recompute="op"``: the runtime's
+``activation_checkpointing: "selective"``, meshtrain_runtime.parallel.selective) keeps, per
+checkpointed layer, its input and the outputs of its matmuls and fused attention
+(`kept_terms`): q, k and v, the attention's output and log-sum-exp (SDPA only: an eager
+attention's score matmuls are recomputed), the output projections' outputs (with sequence
+parallelism also their reduce-scatter outputs), and the MLP's up-projections (SwiGLU: gate and
+up; GELU: its input); Mixtral's router logits and each routed token's expert matmuls.
+Recomputed in backward: everything else of the layer (norms, rotary embeddings, activations,
+products), which exists again while the layer's backward runs; the kept outputs become part
+of it, except those only a later op read (q and k before the rotary embedding, the output
+projections' outputs), which are freed as the recompute uses them. torch's checkpoint stops
+the recompute once backward has what it needs, so the MLP's output projection is not rerun
+and its kept output stays until the layer's backward ends.
+
 Context parallelism splits the sequence: every term counts the rank's ``s / cp`` tokens. Its
 attention (meshtrain_runtime.parallel.context) replaces the model's own, eager or SDPA: it saves
 the local q, k and v (k and v with the key/value heads, never repeated), its output (heads
@@ -52,7 +66,10 @@ from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.encdec import check_layout, checkpointed_blocks, layer_terms, model_terms
 from meshtrain.plan.models import ModelSpec
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
+RECOMPUTE_FOR_POLICY: dict[str, Recompute] = {"none": "none", "full": "full", "selective": "op"}
+"""The planner's `recompute` for each `activation_checkpointing` policy of the runtime (its
+"selective" is op-level, this module's "op"; the planner's "selective" is the paper's)."""
 ACT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 _F32 = 4
 _I64 = 8
@@ -87,7 +104,7 @@ class ActivationEstimate:
     layer_terms: dict[str, float]
     """One layer without recomputation (or with selective recomputation), by tensor."""
     checkpoint_bytes: float
-    """What one fully recomputed layer keeps: its input."""
+    """The input of one checkpointed layer (what offloading moves to host memory)."""
     num_layers: int
     num_checkpointed: int
     num_checkpoints_on_gpu: int
@@ -101,10 +118,24 @@ class ActivationEstimate:
     encoder_checkpointed: int = 0
     encoder_checkpoints_on_gpu: int = 0
     encoder_checkpoint_bytes: float = 0.0
+    kept_terms: dict[str, float] = field(default_factory=dict)
+    """Op-level selective checkpointing: the op outputs one checkpointed layer keeps besides
+    its input (they stay on the GPU when the input is offloaded)."""
+    offload: bool = False
+    """The checkpointed layers' inputs go to host memory during forward (all of them until
+    the forward ends; `num_checkpoints_on_gpu` of them are back after it)."""
+    mlp_backward_bytes: float = 0.0
+    """One layer's MLP backward at its high-water mark, above the layer's saved tensors: the
+    activation gradients alive at once (SwiGLU: the gate activation's and up's, while the
+    product's is being consumed; GELU: its input's and output's)."""
 
     @property
     def layer_bytes(self) -> float:
         return sum(self.layer_terms.values())
+
+    @property
+    def kept_bytes(self) -> float:
+        return sum(self.kept_terms.values())
 
     @property
     def encoder_layer_bytes(self) -> float:
@@ -113,15 +144,38 @@ class ActivationEstimate:
     @property
     def total_bytes(self) -> float:
         full = (self.num_layers - self.num_checkpointed) * self.layer_bytes
-        checkpoints = self.num_checkpoints_on_gpu * self.checkpoint_bytes
+        checkpoints = (self.num_checkpoints_on_gpu * self.checkpoint_bytes
+                       + self.num_checkpointed * self.kept_bytes)
         encoder = ((self.num_encoder_layers - self.encoder_checkpointed) * self.encoder_layer_bytes
                    + self.encoder_checkpoints_on_gpu * self.encoder_checkpoint_bytes)
         return full + checkpoints + encoder + sum(self.model_terms.values())
 
     @property
+    def forward_bytes(self) -> float:
+        """`total_bytes` while the forward runs: offloaded inputs are all on the host until
+        the root forward ends (then the loading horizon's come back)."""
+        if not self.offload:
+            return self.total_bytes
+        return self.total_bytes - self.num_checkpoints_on_gpu * self.checkpoint_bytes
+
+    @property
     def recompute_working_bytes(self) -> float:
-        """During backward a recomputed layer's full activations exist again (one at a time)."""
-        return self.layer_bytes if self.num_checkpointed else 0.0
+        """During backward a recomputed layer's full activations exist again (one at a time);
+        a selective layer's kept outputs are part of them, or were freed by the recompute,
+        except the MLP output projection's (the recompute stops before it)."""
+        if not self.num_checkpointed:
+            return 0.0
+        return self.layer_bytes - self.kept_bytes + self.kept_terms.get("kept_mlp_output", 0.0)
+
+    @property
+    def running_bytes(self) -> float:
+        """A checkpointed layer's forward at its high-water mark above what it keeps: its MLP's
+        intermediates while the output projection runs (those not kept)."""
+        if not self.num_checkpointed:
+            return 0.0
+        mlp = self.layer_terms.get("mlp", self.layer_terms.get(
+            "moe_experts", self.layer_terms.get("gelu_input_output", 0.0)))
+        return mlp - self.kept_terms.get("kept_mlp", 0.0)
 
 
 def activation_bytes(
@@ -144,7 +198,10 @@ def activation_bytes(
 
     `recompute="full"` checkpoints blocks 0, n, 2n, ... (n = `checkpoint_interval`) and keeps
     only their inputs; `offload` moves those inputs to host memory except `loading_horizon`
-    layers'. `"selective"` recomputes the attention core (drops the s x s tensors).
+    layers'. `"op"` checkpoints the same blocks op by op: they keep their matmul and fused
+    attention outputs too (the runtime's ``activation_checkpointing: "selective"``; see
+    `RECOMPUTE_FOR_POLICY`). `"selective"` is the paper's: every layer recomputes its attention
+    core only (drops the s x s tensors).
     `loss_parallel` keeps the logits split over the vocabulary (the runtime's option; by
     default the head gathers them, as HF's ``colwise_gather_output`` does).
     Encoder-decoder models (families ``t5``, ``bart``): `seq_len` is the encoder's,
@@ -155,6 +212,7 @@ def activation_bytes(
     if model.is_encoder_decoder:
         check_layout(model, tensor_parallel_degree=tensor_parallel_degree,
                      context_parallel_degree=context_parallel_degree)
+        _check_decoder_only(model, recompute)
         return _encoder_decoder(model, seq_len, decoder_seq_len or seq_len, micro_batch,
                                 ACT_BYTES[precision], recompute == "full" and checkpoint_interval,
                                 offload, loading_horizon)
@@ -164,7 +222,8 @@ def activation_bytes(
     shape = _shape(model, seq_len // context_parallel_degree, micro_batch, ACT_BYTES[precision],
                    tensor_parallel_degree, sequence_parallel, context_parallel_degree)
     layer = _layer_terms(model, shape, selective=recompute == "selective")
-    num_ckpt = math.ceil(model.num_layers / checkpoint_interval) if recompute == "full" else 0
+    checkpointed = recompute in ("full", "op")
+    num_ckpt = math.ceil(model.num_layers / checkpoint_interval) if checkpointed else 0
     on_gpu = min(loading_horizon, num_ckpt) if offload and num_ckpt else num_ckpt
     return ActivationEstimate(
         layer_terms=layer,
@@ -173,7 +232,18 @@ def activation_bytes(
         num_checkpointed=num_ckpt,
         num_checkpoints_on_gpu=on_gpu,
         model_terms=_model_terms(model, shape, loss_parallel=loss_parallel),
+        kept_terms=_kept_terms(model, shape) if recompute == "op" else {},
+        offload=offload and num_ckpt > 0,
+        mlp_backward_bytes=_mlp_backward(model, shape),
     )
+
+
+def _check_decoder_only(model: ModelSpec, recompute: str) -> None:
+    if recompute == "op":
+        raise ConfigError(
+            f"{model.name}: the planner sizes op-level selective checkpointing "
+            "(activation_checkpointing='selective') for decoder-only models. Plan this "
+            "encoder-decoder with activation_checkpointing=True or False.")
 
 
 def _encoder_decoder(model: ModelSpec, s_enc: int, s_dec: int, b: int, c: int,
@@ -250,6 +320,33 @@ def _attention(model: ModelSpec, x: _Shape, selective: bool) -> dict[str, float]
     return terms
 
 
+def _kept_terms(model: ModelSpec, x: _Shape) -> dict[str, float]:
+    """What an op-level selective layer keeps besides its input (module docstring)."""
+    q, kv = x.act * x.t * x.a * x.d, x.act * x.t * x.kv * x.d
+    # A row-wise projection's matmul gives each tp rank a partial sum of the whole width;
+    # with sequence parallelism the kept reduce-scatter output (1 / t of it) is kept too.
+    out = x.act * x.t * x.h * (1 + (1 / x.tp if x.sp_div > 1 else 0))
+    terms = {"kept_qk": q + kv, "kept_v": kv, "kept_attention_output": out}
+    if model.attention == "sdpa" and x.cp == 1:  # the fused kernel's output and log-sum-exp
+        terms["kept_attention"] = q + _F32 * x.b * x.a * x.s
+    if model.is_moe:
+        routed = x.t * model.experts_per_token
+        terms["kept_mlp"] = x.act * (x.t * model.num_experts + 2 * routed * x.i)
+        terms["kept_mlp_output"] = x.act * routed * x.h
+        return terms
+    terms["kept_mlp"] = (2 if model.family not in ("gpt_neox", "gpt") else 1) * x.act * x.t * x.i
+    terms["kept_mlp_output"] = out
+    return terms
+
+
+def _mlp_backward(model: ModelSpec, x: _Shape) -> float:
+    """`ActivationEstimate.mlp_backward_bytes` (its docstring); for Mixtral one expert's share
+    of the routed tokens, as its experts run one after another."""
+    tokens = x.t * model.experts_per_token / model.num_experts if model.is_moe else x.t
+    gated = model.family not in ("gpt_neox", "gpt")
+    return (2 if gated else 1) * x.act * tokens * x.i
+
+
 def _moe(model: ModelSpec, x: _Shape) -> dict[str, float]:
     e, k = model.num_experts, model.experts_per_token
     routed = x.t * k
@@ -313,4 +410,5 @@ def korthikanti_layer_bytes(
     return s * b * h * (10 + 24 / t + scores / t)
 
 
-__all__ = ["ACT_BYTES", "ActivationEstimate", "activation_bytes", "korthikanti_layer_bytes"]
+__all__ = ["ACT_BYTES", "RECOMPUTE_FOR_POLICY", "ActivationEstimate", "activation_bytes",
+           "korthikanti_layer_bytes"]

@@ -1,9 +1,11 @@
-"""`meshtrain plan`: will a model fit, and which layout is fastest.
+"""`meshtrain plan`: will a model fit, and which layout is fastest; with --goodput, what failures
+cost a job of this size (full restarts against replica groups, goodput_cli.py).
 
 Examples::
 
     meshtrain plan --num-params 7e9 --gpus 8 --json
     meshtrain plan --model llama2-70b --instance-type ml.p4d.24xlarge --instance-count 4
+    meshtrain plan --goodput --gpus 16384 --replica-groups 16
 
 Exit status: 0 once the plan is printed, whether or not a layout fits (the plan says so);
 with --strict, 1 when no layout fits; 2 for a bad argument (printed on stderr).
@@ -24,6 +26,7 @@ from rich.console import Console
 from meshtrain.contract.errors import ConfigError
 from meshtrain.plan.cluster import Cluster, build_cluster
 from meshtrain.plan.context import CP_COMM_TYPES
+from meshtrain.plan.goodput_cli import add_goodput_arguments, run_goodput
 from meshtrain.plan.layouts import PipelineOptions, Plan, plan_layouts, smallest_fitting_count
 from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
 from meshtrain.plan.models import PRESETS, ModelSpec, llama_shaped, resolve_model
@@ -128,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--strict", action="store_true",
                      help="exit with status 1 when no layout fits (default: 0 once the plan is "
                           "printed; the plan itself says whether anything fits)")
+    add_goodput_arguments(parser)
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -247,6 +251,12 @@ def reshard_from_args(args: argparse.Namespace) -> bool | None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Handler of `meshtrain plan`: print the plan; exit 0, or 1 with --strict if nothing fits."""
+    if getattr(args, "goodput", False):
+        check_finite(args)
+        if args.gpus is None and args.instance_type is None:
+            raise ConfigError("--goodput needs the job's size: --gpus N, or --instance-type "
+                              "with --instance-count.")
+        return run_goodput(args, cluster_from_args(args)[0].world_size)
     plan, build = build_plan(args)
     top = None if args.top == 0 else args.top
     best = plan.best

@@ -18,7 +18,9 @@ Per step (one micro-batch each, as the runtime runs it):
   (the same volume). Full recomputation repeats the forward ones up to the last tensor backward
   needs: torch's non-reentrant checkpoint stops there, so the MLP's output collective (read only
   by the residual add, which saves nothing) is not repeated: one more all-reduce per layer, or
-  with sequence parallelism two all-gathers and a reduce-scatter. The HF output head gathers
+  with sequence parallelism two all-gathers and a reduce-scatter. Op-level selective
+  recomputation keeps the reduce-scatter's output (meshtrain_runtime.parallel.selective), so
+  with sequence parallelism it repeats the two all-gathers only. The HF output head gathers
   the logits (b, s, V / t each) in forward and all-reduces its input gradient in backward; the
   vocab-parallel input embedding all-reduces its output in forward. With loss parallelism the
   logits stay split and the cross entropy all-reduces three fp32 numbers per token instead.
@@ -114,7 +116,7 @@ def _local_elements(model: ModelSpec, degrees: ResolvedDegrees) -> tuple[float, 
 def communication_volumes(
     model: ModelSpec, degrees: ResolvedDegrees, training: Training, *,
     recompute: bool | float = False, loss_parallel: bool = False, sequence_parallel: bool = False,
-    reshard_after_forward: bool | None = None, cp_comm_type: str = "p2p",
+    reshard_after_forward: bool | None = None, cp_comm_type: str = "p2p", selective: bool = False,
 ) -> CommVolumes:
     """Bytes one GPU sends per step under `degrees` (see the module docstring).
 
@@ -126,6 +128,8 @@ def communication_volumes(
     that reshard after forward are gathered again in backward.
     `cp_comm_type`: how context-parallel attention exchanges k and v ("p2p", "all_gather",
     "a2a"; meshtrain.plan.context).
+    `selective`: the recomputed layers are op-level selective (they keep TP's reduce-scatter
+    outputs).
     """
     recompute = float(recompute)
     dense, expert, once = _local_elements(model, degrees)
@@ -147,7 +151,7 @@ def communication_volumes(
         fsdp_reduce_scatter=reduce_scatter,
         data_parallel_all_reduce=all_reduce,
         tensor_parallel=_tensor_parallel(model, degrees, training, recompute, loss_parallel,
-                                         sequence_parallel),
+                                         sequence_parallel, selective),
         expert_all_to_all=_expert_parallel(model, degrees, training, recompute),
         context_parallel=_context_parallel(model, degrees, training, recompute,
                                             cp_comm_type),
@@ -160,15 +164,17 @@ def _tokens(degrees: ResolvedDegrees, training: Training) -> int:
 
 def _tensor_parallel(
     model: ModelSpec, degrees: ResolvedDegrees, training: Training, recompute: float,
-    loss_parallel: bool, sequence_parallel: bool,
+    loss_parallel: bool, sequence_parallel: bool, selective: bool = False,
 ) -> float:
     t = degrees.tensor_parallel_degree
     if t == 1:
         return 0.0
     message = training.compute_bytes * _tokens(degrees, training) * model.hidden_size
     # What a recomputed layer repeats (see the module docstring): the attention's all-reduce,
-    # or with sequence parallelism both all-gathers and the attention's reduce-scatter.
-    repeated = 3 * all_gather_bytes(t, message) if sequence_parallel else all_reduce_bytes(
+    # or with sequence parallelism both all-gathers and (unless kept) the attention's
+    # reduce-scatter.
+    gathers = 2 if selective else 3
+    repeated = gathers * all_gather_bytes(t, message) if sequence_parallel else all_reduce_bytes(
         t, message)
     per_layer = 4 * all_reduce_bytes(t, message) + recompute * repeated
     logits = 0.0 if loss_parallel else all_gather_bytes(

@@ -7,7 +7,8 @@ every hybrid_shard_degree dividing the data-parallel size, with FSDP's default s
 with shard_grad_op (without sharding: no_shard keeping its gathered parameters between forward
 and backward, and resharding them after forward); expert parallelism dividing the shard degree
 (shard x tp with TP: the EP group is folded over both) and the experts (MoE only); activation
-checkpointing off, on, and on with offloading; sequence parallelism off and on with TP;
+checkpointing off, on, on with offloading, and op-level selective ("selective": decoder-only
+models); sequence parallelism off and on with TP;
 every context_parallel_degree dividing the shard degree (decoder-only models, without
 pipelining or expert parallelism, which the contract refuses with it; the sequence must split
 into 2 x cp chunks; `cp_comm_type` given, meshtrain.plan.context); and each of these within one
@@ -15,8 +16,8 @@ stage's ranks for every pipeline-parallel degree dividing the world and the bloc
 (`PipelineOptions`: the schedule and microbatches; meshtrain.plan.pipeline).
 
 Ranking: layouts that fit first, by estimated tokens per second (the cluster's nominal FLOP/s
-and bandwidths; see `comm.step_time`), then by peak memory; then the layouts that do not fit,
-closest to fitting first.
+and bandwidths; see `comm.step_time`), then without recomputation before with it, then by peak
+memory; then the layouts that do not fit, closest to fitting first.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from meshtrain.contract._messages import divisors
+from meshtrain.contract._messages import divisors, hosts_and_processes
 from meshtrain.contract.degrees import ResolvedDegrees, resolve_degrees
 from meshtrain.contract.distribution import SMPParameters
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.pipeline_checks import SINGLE_STAGE_SCHEDULES
-from meshtrain.plan.activations import ActivationEstimate, activation_bytes
+from meshtrain.plan.activations import RECOMPUTE_FOR_POLICY, ActivationEstimate, activation_bytes
 from meshtrain.plan.cluster import GIB, Cluster
 from meshtrain.plan.comm import (
     CommVolumes,
@@ -137,13 +138,16 @@ def estimate_layout(
     acts = _activations(model, parameters, degrees, training)
     memory = _memory(model, parameters, degrees, training, acts, cluster)
     recompute_fraction = (acts.num_checkpointed + acts.encoder_checkpointed) / model.num_blocks
+    selective = parameters.checkpointing_policy == "selective"
     volumes = communication_volumes(
         model, degrees, training, recompute=recompute_fraction,
         sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
         reshard_after_forward=resolve_reshard(parameters, degrees),
-        cp_comm_type=parameters.cp_comm_type,
+        cp_comm_type=parameters.cp_comm_type, selective=selective,
     )
-    flops = training_flops_per_gpu(model, degrees, training, recompute_fraction=recompute_fraction)
+    # a selective layer's recompute runs no matmul: its (elementwise) FLOPs are not counted
+    flops = training_flops_per_gpu(model, degrees, training,
+                                   recompute_fraction=0.0 if selective else recompute_fraction)
     return LayoutEstimate(parameters, degrees, memory, acts, volumes,
                           step_time(volumes, flops, degrees, cluster, training),
                           cluster.capacity_bytes)
@@ -156,7 +160,7 @@ def _activations(model: ModelSpec, parameters: SMPParameters, degrees: ResolvedD
         precision=training.precision, tensor_parallel_degree=degrees.tensor_parallel_degree,
         sequence_parallel=parameters.sequence_parallel and degrees.tensor_parallel_degree > 1,
         context_parallel_degree=degrees.context_parallel_degree,
-        recompute="full" if parameters.activation_checkpointing else "none",
+        recompute=RECOMPUTE_FOR_POLICY[parameters.checkpointing_policy],
         checkpoint_interval=parameters.activation_checkpointing_interval,
         offload=parameters.activation_offloading,
         loading_horizon=parameters.activation_loading_horizon,
@@ -176,13 +180,15 @@ def _estimate_pipeline(model: ModelSpec, parameters: SMPParameters, degrees: Res
         on_gpu=cluster.rank_unit == "GPU")
     acts, terms = view.activations, view.pipeline
     recompute_fraction = acts.num_checkpointed / max(1, acts.num_layers)
+    selective = parameters.checkpointing_policy == "selective"
     volumes = communication_volumes(
         view.rank_model, degrees, training, recompute=recompute_fraction,
         reshard_after_forward=resolve_reshard(parameters, degrees),
-        cp_comm_type=parameters.cp_comm_type)
+        cp_comm_type=parameters.cp_comm_type, selective=selective)
     volumes = dataclasses.replace(volumes, pipeline_p2p=terms.p2p_bytes_per_rank)
-    flops = training_flops_per_gpu(model, degrees, training,
-                                   recompute_fraction=recompute_fraction) / terms.degree
+    flops = training_flops_per_gpu(
+        model, degrees, training,
+        recompute_fraction=0.0 if selective else recompute_fraction) / terms.degree
     time = step_time(volumes, flops, degrees, cluster, training,
                      bubble_fraction=terms.bubble_fraction)
     return LayoutEstimate(parameters, degrees, view.memory, acts, volumes, time,
@@ -221,7 +227,7 @@ def _with_precision(training: Training, parameters: SMPParameters) -> Training:
 
 
 def _world(cluster: Cluster) -> str:
-    return f"{cluster.num_nodes} hosts x {cluster.ranks_per_node} processes"
+    return hosts_and_processes(cluster.num_nodes, cluster.ranks_per_node)
 
 
 @dataclass(frozen=True)
@@ -266,7 +272,10 @@ def _stage_candidates(model: ModelSpec, cluster: Cluster, stage_world: int, resh
     tps = [t for t in divisors(stage_world) if t <= per_node
            and model.num_attention_heads % t == 0 and model.num_key_value_heads % t == 0
            and (t == 1 or not model.is_encoder_decoder)]
-    recompute_options = ((False, False), (True, False), (True, True))
+    recompute_options: tuple[tuple[bool | str, bool], ...] = ((False, False), (True, False),
+                                                               (True, True))
+    if not model.is_encoder_decoder:  # the planner sizes selective for decoder-only models
+        recompute_options += (("selective", False),)
     for tp in tps:
         for shard in divisors(stage_world // tp):
             eps = _expert_degrees(model, shard * tp)  # folded over shard x tp with TP
@@ -327,10 +336,13 @@ class Plan:
 
 
 def rank_key(estimate: LayoutEstimate) -> tuple:
-    """Fitting layouts by speed, then memory; layouts that do not fit by memory (closest first)."""
+    """Fitting layouts by speed, then by whether they recompute anything (selective
+    checkpointing's recompute of norms and activations costs time the FLOP count does not
+    show), then memory; layouts that do not fit by memory (closest first)."""
     if estimate.fits is False:
         return (True, estimate.memory.peak_bytes, -estimate.time.tokens_per_s)
-    return (False, -estimate.time.tokens_per_s, estimate.memory.peak_bytes)
+    recomputes = estimate.activations.num_checkpointed + estimate.activations.encoder_checkpointed
+    return (False, -estimate.time.tokens_per_s, recomputes > 0, estimate.memory.peak_bytes)
 
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, training: Training,

@@ -20,7 +20,8 @@ COLUMN_MEANINGS = {
     "layout": "shard N = FSDP sharding group, rep M = its replicas (hybrid), tp/ep/cp = "
               "tensor/expert/context-parallel degree, +sp = sequence parallel; zero3 = "
               "full_shard, zero2 = shard_grad_op, ddp = no_shard; ckpt = activation "
-              "checkpointing (+offload: to host memory)",
+              "checkpointing (+offload: to host memory), sac = selective (op-level) "
+              "checkpointing",
     "peak GiB": "the most memory one {unit} holds at any phase of a step",
     "fits": "peak <= {usable} (the {unit}'s memory minus a reserve for CUDA, NCCL and "
             "fragmentation); ? where there is no GPU memory to judge by",

@@ -52,34 +52,33 @@ first block in backward then gathers again with the next one prefetched.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from meshtrain.contract.degrees import ResolvedDegrees
 from meshtrain.plan.activations import ActivationEstimate
-from meshtrain.plan.encdec import decoder_seq_len, encdec_groups
-from meshtrain.plan.memory import (
-    OPTIMIZER_STATE_BYTES,
-    REDUCE_BYTES,
-    Training,
-    expert_shard_degree,
-    group_shard_elements,
+from meshtrain.plan.encdec import decoder_seq_len
+from meshtrain.plan.groups import FSDPGroups, fsdp_groups
+from meshtrain.plan.memory import OPTIMIZER_STATE_BYTES, Training
+from meshtrain.plan.models import ModelSpec
+from meshtrain.plan.moments import (
+    BEFORE_BLOCKS,
+    PARAM_BYTES,
+    BackwardSizes,
+    StepSizes,
+    allocated_block,
+    backward_terms,
+    forward_terms,
+    loss_terms,
 )
-from meshtrain.plan.models import ModelSpec, param_groups
 
 PHASES = ("forward", "loss", "backward", "optimizer_step")
 Offload = Literal["none", "cpu_offload", "optimizer"]
 _F32 = 4
-_PARAM_BYTES = 4
-"""FSDP2 keeps parameters (and so their sharded gradients) in the model's dtype: fp32."""
+_PARAM_BYTES = PARAM_BYTES
 RESIDENT_TERMS = ("sharded_parameters", "optimizer_states", "sharded_gradients", "activations")
 """Terms that are model states or saved activations; the rest are a phase's buffers."""
-_BEFORE_BLOCKS = ("token_ids", "rotary_tables", "labels", "embedding_dropout_mask",
-                  "decoder_token_ids", "relative_position_buckets", "encoder_final_norm",
-                  "encoder_output", "cross_attention_bias", "position_ids",
-                  "embedding_norms")
-"""Model terms that exist before the last block runs (for encoder-decoders: the encoder's)."""
+_BEFORE_BLOCKS = BEFORE_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -98,86 +97,6 @@ class PhaseMemory:
         return max(self.terms, key=lambda key: self.terms[key])
 
 
-@dataclass(frozen=True)
-class FSDPGroups:
-    """Unsharded elements (FSDP2-padded) one rank gathers per group, after TP and EP."""
-
-    embedding: int
-    block: int
-    """One block's dense part (everything but routed experts under expert parallelism)."""
-    experts: int
-    """One block's local experts when they form their own group (expert parallelism)."""
-    head: int
-    root: int
-    num_blocks: int
-    sharded: int
-    """Elements of every group's shard on this rank (the model states' element count)."""
-    largest_shard: int
-    """Elements of the largest single parameter shard on this rank."""
-    all_blocks: int = 0
-    """Unsharded elements of every block together (blocks of an encoder-decoder differ)."""
-    single: bool = False
-    """A shard group of one (no_shard): FSDP2 copies shards into the unsharded parameters
-    without an all-gather or a flat buffer, and reduces without a collective."""
-
-    @property
-    def block_total(self) -> int:
-        return self.block + self.experts
-
-
-def fsdp_groups(model: ModelSpec, degrees: ResolvedDegrees) -> FSDPGroups:
-    """The groups `transform()` builds and their sizes on one rank.
-
-    A tied input embedding lives in the root group (FSDP2 cannot put one parameter in two
-    groups). `largest_layer_params` overrides one block's size (for models whose blocks differ,
-    or when only the parameter count is known), scaled by tensor parallelism.
-    """
-    tp, ep, shard = (degrees.tensor_parallel_degree, degrees.expert_parallel_degree,
-                     degrees.hybrid_shard_degree)
-    sizes = {"embedding": 0, "layer": 0, "experts": 0, "head": 0, "root": 0}
-    sharded = largest = 0
-    for group in param_groups(model):
-        one = group_shard_elements(group, tp=tp, ep=ep, shard=shard)
-        largest = max(largest, one)
-        local = group.count * one
-        sharded += local
-        width = expert_shard_degree(shard, tp, ep) if group.expert else shard
-        unit = "experts" if group.expert and ep > 1 else group.unit
-        if unit == "embedding" and model.tie_word_embeddings:
-            unit = "root"
-        sizes[unit] += local * width
-    blocks = model.num_blocks
-    block = sizes["layer"] / blocks
-    if model.is_encoder_decoder:  # a decoder block (cross-attention too) is the largest
-        block = sum(group_shard_elements(g, tp=tp, ep=ep, shard=shard) * g.count * shard
-                    for g in encdec_groups(model, decoder_block_only=True))
-    if model.largest_layer_params is not None:
-        block = model.largest_layer_params / tp
-    return FSDPGroups(embedding=sizes["embedding"], block=math.ceil(block),
-                      experts=math.ceil(sizes["experts"] / blocks), head=sizes["head"],
-                      root=sizes["root"], num_blocks=blocks, sharded=sharded,
-                      largest_shard=largest, all_blocks=sizes["layer"] + sizes["experts"],
-                      single=shard == 1)
-
-
-@dataclass(frozen=True)
-class _Step:
-    """The byte sizes the phases are made of (one rank)."""
-
-    c: int  # compute dtype
-    groups: FSDPGroups
-    fsdp: bool
-    keep_gathered: bool
-    """Groups keep their unsharded parameters from forward to backward
-    (``reshard_after_forward`` False)."""
-    states: dict[str, float]
-    gradients: float
-    step_buffer: float
-    scratch: bool
-    """CPU ranks (gloo): every all-gather and reduce-scatter copies its full buffer once (a
-    shard group of one runs neither)."""
-
-
 def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
     """torch's AdamW defaults to foreach on CUDA: ``_foreach_sqrt`` of every second moment at
     once (4 B per local parameter). On CPU it defaults to the per-tensor loop, whose
@@ -189,7 +108,7 @@ def _step_buffer(groups: FSDPGroups, training: Training, on_gpu: bool) -> float:
 
 
 def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
-          offload: Offload, uses_fsdp: bool, on_gpu: bool, reshard: bool | None) -> _Step:
+          offload: Offload, uses_fsdp: bool, on_gpu: bool, reshard: bool | None) -> StepSizes:
     groups = fsdp_groups(model, degrees)
     moments = OPTIMIZER_STATE_BYTES[training.optimizer]
     on_gpu_params = offload != "cpu_offload"
@@ -198,14 +117,15 @@ def _step(model: ModelSpec, degrees: ResolvedDegrees, training: Training,
         "sharded_parameters": _PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
         "optimizer_states": moments * groups.sharded if on_gpu_optimizer else 0.0,
     }
-    return _Step(c=training.compute_bytes if uses_fsdp else _PARAM_BYTES, groups=groups,
+    return StepSizes(c=training.compute_bytes if uses_fsdp else _PARAM_BYTES, groups=groups,
                  fsdp=uses_fsdp,
                  keep_gathered=not (degrees.reshard_after_forward if reshard is None
                                     else reshard),
                  states=states,
                  gradients=_PARAM_BYTES * groups.sharded if on_gpu_params else 0.0,
                  step_buffer=_step_buffer(groups, training, on_gpu) if on_gpu_optimizer
-                 else 0.0, scratch=not on_gpu and degrees.hybrid_shard_degree > 1)
+                 else 0.0, scratch=not on_gpu and degrees.hybrid_shard_degree > 1,
+                 cpu_offload=offload == "cpu_offload", on_gpu=on_gpu)
 
 
 def phase_memory(
@@ -231,13 +151,16 @@ def phase_memory(
     """
     step = _step(model, degrees, training, offload, uses_fsdp, on_gpu, reshard_after_forward)
     tokens_vocab = _tokens_vocab(model, degrees, training, loss_parallel)
+    # A training loop holds its loss through the optimizer step (one allocator block).
+    loss = allocated_block(activations.model_terms.get("loss", 0.0), on_gpu)
     return [
-        PhaseMemory("forward", step.states | _forward_terms(step, activations)),
-        PhaseMemory("loss", step.states | _loss_terms(step, activations, tokens_vocab)),
-        PhaseMemory("backward", step.states | _backward_terms(step, model, degrees, training,
-                                                              activations)),
+        PhaseMemory("forward", step.states | forward_terms(step, activations)),
+        PhaseMemory("loss", step.states | loss_terms(step, activations, tokens_vocab)),
+        PhaseMemory("backward", step.states | backward_terms(
+            step, activations, _backward_sizes(step, model, degrees, training))),
         PhaseMemory("optimizer_step", step.states | {"sharded_gradients": step.gradients,
-                                                     "optimizer_step_buffer": step.step_buffer}),
+                                                     "optimizer_step_buffer": step.step_buffer,
+                                                     "loss": loss}),
     ]
 
 
@@ -249,142 +172,21 @@ def _tokens_vocab(model: ModelSpec, degrees: ResolvedDegrees, training: Training
     return tokens * vocab
 
 
-def _model_terms(acts: ActivationEstimate, *, before_blocks: bool) -> float:
-    return sum(v for k, v in acts.model_terms.items() if (k in _BEFORE_BLOCKS) == before_blocks)
-
-
-def _block_activations(acts: ActivationEstimate) -> float:
-    return acts.total_bytes - sum(acts.model_terms.values())
-
-
-def _gathered_in_forward(step: _Step, *, at_head: bool) -> float:
-    """Unsharded parameters held while a block (or, `at_head`, the output head) computes in
-    forward: its own, its flat all-gather buffer (kept until the next copy-out; none in a
-    shard group of one) and the root's; when groups keep their parameters gathered
-    (``reshard_after_forward`` False) every group gathered so far as well."""
-    if not step.fsdp:
-        return 0.0
+def _backward_sizes(step: StepSizes, model: ModelSpec, degrees: ResolvedDegrees,
+                    training: Training) -> BackwardSizes:
+    tokens = training.micro_batch * decoder_seq_len(model, training) \
+        / degrees.context_parallel_degree
+    tp = degrees.tensor_parallel_degree
+    intermediate = model.intermediate_size / tp
     g = step.groups
-    current = g.head if at_head else g.block_total
-    flat = 0 if g.single else current
-    if step.keep_gathered:
-        running = g.embedding + g.all_blocks + (g.head if at_head else 0)
-        return step.c * (g.root + flat + running)
-    return step.c * (g.root + flat + current)
-
-
-def _mlp_terms(acts: ActivationEstimate) -> float:
-    return acts.layer_terms.get("mlp", acts.layer_terms.get("moe_experts",
-                                                            acts.layer_terms.get(
-                                                                "gelu_input_output", 0.0)))
-
-
-def _worst(moments: list[dict[str, float]]) -> dict[str, float]:
-    return max(moments, key=lambda terms: sum(terms.values()))
-
-
-def _forward_terms(step: _Step, acts: ActivationEstimate) -> dict[str, float]:
-    """End of the last block's forward; on CPU ranks also its all-gather, which gloo runs
-    through a temporary copy of the gathered buffer (the previous block's activations are
-    all there, the running block's not yet)."""
-    saved = _block_activations(acts) + _model_terms(acts, before_blocks=True)
-    gathered = _gathered_in_forward(step, at_head=False)
-    # A checkpointed block saves nothing but its input; what it computes is freed once used.
-    # Its high-water mark is its MLP, whose [tokens, intermediate] tensors (gate, its
-    # activation, up, their product) exist together when the down projection runs.
-    running = _mlp_terms(acts) if acts.num_checkpointed else 0.0
-    moments = [{"activations": saved, "recomputed_activations": running,
-                "gathered_parameters": gathered}]
-    if step.scratch and step.fsdp:
-        scratch = step.c * step.groups.block_total
-        previous = saved - (acts.checkpoint_bytes if running else acts.layer_bytes)
-        moments.append({"activations": previous, "gathered_parameters": gathered,
-                        "collective_scratch": scratch})
-    return _worst(moments)
-
-
-def _loss_terms(step: _Step, acts: ActivationEstimate, tokens_vocab: float) -> dict[str, float]:
-    """Worst of the loss's forward, its first backward kernels, the cast of the logits'
-    gradient back to the compute dtype, and the head's pre-backward, which prefetches the
-    last block (its flat all-gather buffer; on CPU ranks with gloo's copy) before the
-    head's own backward (module docstring)."""
-    c, g = step.c, step.groups
-    activations = acts.total_bytes  # incl. the fp32 log-softmax (model_terms["logits_fp32"])
-    log_softmax = acts.model_terms.get("logits_fp32", acts.model_terms.get("log_softmax", 0.0))
-    # T5 takes the loss of the compute-dtype logits; HF's causal LMs upcast them to fp32, and
-    # BART's fp32 final_logits_bias promotes them (its model_terms say logits_fp32).
-    lb = c if "log_softmax" in acts.model_terms else _F32
-    forward_gathered = _gathered_in_forward(step, at_head=True)
-    gathered = forward_gathered - (c * g.head if step.fsdp else 0.0)
-    upcast = c * tokens_vocab + (lb * tokens_vocab if c != lb else 0.0)
-    moments = [
-        {"activations": activations, "gathered_parameters": forward_gathered,
-         "loss_temporaries": upcast},
-        {"activations": activations, "gathered_parameters": gathered,
-         "loss_temporaries": 2 * lb * tokens_vocab},
-        {"activations": activations - log_softmax, "gathered_parameters": gathered,
-         "loss_temporaries": upcast},
-    ]
-    if step.fsdp and not step.keep_gathered and g.head:
-        # The group that finished its forward last: a block's dense part (its experts, a
-        # group of their own under expert parallelism, finished before it). A head tied into
-        # the root has no pre-backward of its own: the block unshards in backward.
-        prefetch = {"activations": activations - log_softmax,
-                    "gathered_parameters": gathered + c * g.block,
-                    "loss_temporaries": c * tokens_vocab}
-        if step.scratch:
-            prefetch["collective_scratch"] = c * g.block
-        moments.append(prefetch)
-    return _worst(moments)
-
-
-def _backward_terms(step: _Step, model: ModelSpec, degrees: ResolvedDegrees,
-                    training: Training, acts: ActivationEstimate) -> dict[str, float]:
-    """Worst of the first block's backward start, end and reduce (module docstring); on CPU
-    ranks gloo's all-gather and reduce-scatter each hold a copy of their full buffer."""
-    g, c = step.groups, step.c
-    saved = _block_activations(acts) + _model_terms(acts, before_blocks=True)
-    recompute = acts.recompute_working_bytes
-    flowing = c * training.micro_batch * decoder_seq_len(model, training) \
-        * model.hidden_size / degrees.context_parallel_degree
-    head_grads = (_PARAM_BYTES * g.head / degrees.hybrid_shard_degree) if step.gradients else 0.0
-    if not step.fsdp:  # plain tensor parallelism: gradients in the parameters' own dtype
-        # Mid-block: the MLP's weight gradients are written while its activations are still
-        # saved, and two [tokens, intermediate] gradients (of the SwiGLU product's factors)
-        # flow; the block's weights are mostly the MLP's.
-        tokens = training.micro_batch * training.seq_len / degrees.context_parallel_degree
-        intermediate = model.intermediate_size / degrees.tensor_parallel_degree
-        mlp_weights = min(g.block_total, 3 * model.hidden_size * intermediate)
-        return _worst([{"activations": saved, "recomputed_activations": recompute,
-                        "gradient_flow": flowing + 2 * c * tokens * intermediate,
-                        "sharded_gradients": head_grads + _PARAM_BYTES * mlp_weights},
-                       {"sharded_gradients": step.gradients}])
-    block = c * g.block_total
-    gathered = c * g.root + 2 * block
-    if step.keep_gathered:
-        gathered = c * (g.root + g.embedding + g.all_blocks)
-    head_reduce = REDUCE_BYTES * g.head
-    block_reduce = REDUCE_BYTES * g.block_total
-    # A checkpointed block's recomputed activations replace its own (freed as backward runs).
-    rest = saved + recompute - (recompute or acts.layer_bytes)
-    moments = [
-        {"activations": saved, "recomputed_activations": recompute,
-         "gathered_parameters": gathered, "reduce_scatter_buffers": head_reduce,
-         "gradient_flow": flowing},
-        {"activations": rest, "gathered_parameters": gathered, "unsharded_gradients": block,
-         "reduce_scatter_buffers": head_reduce},
-        {"activations": rest, "gathered_parameters": gathered - block,
-         "unsharded_gradients": block, "reduce_scatter_buffers": block_reduce},
-    ]
-    if step.scratch:
-        moments[0]["collective_scratch"] = block
-        moments[2]["collective_scratch"] = block_reduce
-    terms = _worst(moments) | {"sharded_gradients": head_grads}
-    if not g.head and step.gradients:
-        # A head tied into the root: the root's unsharded gradient (the head's weight gradient)
-        # is written in the loss's backward and reduced only when the root's backward ends.
-        terms["unsharded_gradients"] = terms.get("unsharded_gradients", 0.0) + c * g.root
-    return terms
+    return BackwardSizes(
+        flowing=step.c * tokens * model.hidden_size,
+        mlp_weight_gradient=step.c * model.hidden_size * intermediate if step.fsdp else 0.0,
+        head_gradient=(_PARAM_BYTES * g.head / degrees.hybrid_shard_degree)
+        if step.gradients else 0.0,
+        mlp_intermediate=2 * step.c * training.micro_batch * training.seq_len
+        / degrees.context_parallel_degree * intermediate,
+        mlp_weights=min(g.block_total, 3 * model.hidden_size * intermediate))
 
 
 def peak_phase(phases: list[PhaseMemory]) -> PhaseMemory:

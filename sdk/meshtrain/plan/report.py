@@ -186,7 +186,8 @@ def short_layout(estimate: LayoutEstimate) -> str:
     if p.reshard_after_forward != "auto":
         parts.append("reshard" if p.reshard_after_forward else "no reshard")
     if p.activation_checkpointing:
-        parts.append("ckpt+offload" if p.activation_offloading else "ckpt")
+        name = "sac" if p.checkpointing_policy == "selective" else "ckpt"
+        parts.append(f"{name}+offload" if p.activation_offloading else name)
     if p.cpu_offload:
         parts.append("cpu offload")
     return " | ".join(parts)

@@ -7,18 +7,14 @@ For the test's checks each rank writes, into its host's output data dir:
 
 - ``ft-steps-dp<dp_rank>.jsonl``, one line per loop iteration: the loop index (which rows it
   trained on), the step it ran as (``fault.current_step()`` after the forward, which heals a
-  restarted group) and its loss;
-- ``ft-digest-dp<dp_rank>.json`` at the end: the step count and a sha256 of its local parameter
-  shards and optimizer state.
+  restarted group), its loss, the committed steps after it and a sha256 of its local parameter
+  shards and optimizer state then;
+- ``ft-digest-dp<dp_rank>.json`` at the end: the step count and that sha256.
 
-A process that starts while ``$FT_TEST_DIR/hold-restart`` exists waits there before init(), as
-a host that takes a while to come back (the test holds the killed group's restart until the
-other group has stepped alone: a restart faster than the survivors' heartbeat timeout would leave
-them no step to take alone).
-
-It stops once the step count reaches the number the test writes into ``$FT_TEST_DIR/stop-at``
-(after the killed group is back), or after --max-steps loop iterations; each step waits
---delay seconds (its data loading).
+Its loop runs --max-steps iterations by its own counter (a restarted group runs it from the
+top: the backend and the runtime end the job when a group finishes, docs/fault-tolerance.md),
+or stops once the step count reaches the number in ``$FT_TEST_DIR/stop-at`` when the test
+writes one; each step waits --delay seconds (its data loading).
 """
 
 from __future__ import annotations
@@ -87,14 +83,7 @@ def stop_at() -> int | None:
         return None
 
 
-def wait_while_held() -> None:
-    hold = Path(os.environ["FT_TEST_DIR"]) / "hold-restart"
-    while hold.exists():
-        time.sleep(0.1)
-
-
 def main() -> None:
-    wait_while_held()
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-steps", type=int, default=1000)
     parser.add_argument("--delay", type=float, default=0.2)  # seconds of "data loading" a step
@@ -115,7 +104,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         lines.write(json.dumps({"index": index, "step": step, "loss": float(loss),
-                                "committed_after": fault.current_step()}) + "\n")
+                                "committed_after": fault.current_step(),
+                                "digest": digest(model, optimizer)}) + "\n")
         lines.flush()
         time.sleep(args.delay)
     (out / f"ft-digest-dp{state.dp_rank}.json").write_text(json.dumps(

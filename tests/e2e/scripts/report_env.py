@@ -1,5 +1,6 @@
 """Each rank writes what it sees of the host contract into SM_MODEL_DIR (no meshtrain import)."""
 
+import hashlib
 import json
 import os
 import sys
@@ -13,6 +14,8 @@ seen = {
                                                                   "LOCAL_RANK"))},
     "cwd": os.getcwd(),
     "channel_files": sorted(os.listdir(os.environ["SM_CHANNEL_TRAIN"])),
+    # the environment's secret, as a digest: the job's outputs must not hold a copy of it
+    "secret_sha256": hashlib.sha256(os.environ.get("SECRET_TOKEN", "").encode()).hexdigest(),
 }
 path = os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{dist.get_rank()}.json")
 with open(path, "w") as handle:

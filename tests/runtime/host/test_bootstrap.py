@@ -61,6 +61,13 @@ def test_single_host_without_torchrun_runs_python_once(tmp_path):
                                                                   "train.py"]
 
 
+def test_the_launch_phase_says_what_the_host_starts(tmp_path):
+    assert bootstrap.launch_text(host_tree(tmp_path)) == (
+        "algo-2 starts torchrun: 4 processes on each of 3 hosts")
+    single = host_tree(tmp_path / "one", host="algo-1", count=1, distribution=None)
+    assert bootstrap.launch_text(single) == "algo-1 runs train.py (one process)"
+
+
 def test_sm_environment(tmp_path):
     contract = host_tree(tmp_path)
     env = build_sm_env(contract)

@@ -4,8 +4,9 @@ Layouts, each built as transform will (TP, then activation checkpointing, then F
   hsdp_2x2   fully_shard on a (replicate=2, shard=2) mesh, blocks then root;
   tp2_fsdp2  torch TP (colwise/rowwise Llama projections) on tp=2, fully_shard on dp=2;
   tp2        TP alone on tp=2 (the two dp halves run the same global batch, no sync).
-Variants per layout: plain, ac (every block), ac_every2, offload (meshtrain, horizon 2),
-offload_native (save_on_cpu). Two AdamW steps each. Rank 0 compares every variant with a
+Variants per layout: plain, ac (every block), ac_every2, selective (op-level: matmul and
+attention outputs kept), selective_every2, offload (meshtrain, horizon 2), offload_native
+(save_on_cpu), selective_offload. Two AdamW steps each. Rank 0 compares every variant with a
 single-process run (computed on every rank) and with the plain variant; then DTensor-input
 offload cases. Every rank reports one record per case through report.py.
 """
@@ -38,8 +39,11 @@ VARIANTS = {
     "plain": None,
     "ac": {},
     "ac_every2": {"interval": 2},
+    "selective": {"policy": "selective"},
+    "selective_every2": {"policy": "selective", "interval": 2},
     "offload": {"offload": True, "loading_horizon": 2},
     "offload_native": {"offload": True, "native_offload": True},
+    "selective_offload": {"policy": "selective", "offload": True, "loading_horizon": 2},
 }
 TP_PLAN = {
     "self_attn.q_proj": ColwiseParallel(),

@@ -2,7 +2,8 @@
 
 Layouts on 2 ranks: tp 1 (FSDP2 full shard over both ranks), tp 2 (tensor parallelism alone),
 tp 2 with sequence parallelism and tp 2 with loss parallelism (vocab-split logits), each at two
-sequence lengths, with and without activation checkpointing of every block. One forward (loss
+sequence lengths, without activation checkpointing, with it ("full") and with op-level
+selective checkpointing ("selective") of every block. One forward (loss
 included) runs under the runtime's ``SavedActivationMeter`` (given the model's
 parameters, so TP's views of replicated weights are not counted): distinct storages
 autograd saves for backward, parameters left out, DTensors by their local shard. Forward
@@ -39,7 +40,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bool) -> None:
+def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bool | str) -> None:
     params = {**params, "activation_checkpointing": checkpointing}
     mr.init(params)
     config = llama_config()
@@ -82,8 +83,8 @@ def measure(layout: str, params: dict[str, Any], seq_len: int, checkpointing: bo
 
 
 def run_activation_cases() -> None:
-    """Every layout x sequence length x checkpointing on/off (2 ranks)."""
+    """Every layout x sequence length x checkpointing off / full / selective (2 ranks)."""
     for layout, params in LAYOUTS.items():
         for seq_len in SEQ_LENS:
-            for checkpointing in (False, True):
+            for checkpointing in (False, True, "selective"):
                 measure(layout, params, seq_len, checkpointing)

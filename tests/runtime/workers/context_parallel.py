@@ -51,6 +51,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "cp2_checkpointing_p2p": {"context_parallel_degree": 2, "activation_checkpointing": True},
     "cp2_offloading_p2p": {"context_parallel_degree": 2, "activation_checkpointing": True,
                            "activation_offloading": True},
+    "cp2_selective_p2p": {"context_parallel_degree": 2, "activation_checkpointing": "selective"},
     "cp2_all_gather": {"context_parallel_degree": 2, "cp_comm_type": "all_gather"},
     "cp2_a2a": {"context_parallel_degree": 2, "cp_comm_type": "a2a"},
     "cp4_all_gather": {"context_parallel_degree": 4, "cp_comm_type": "all_gather"},

@@ -7,7 +7,9 @@ on. Its one use of the fault API: each step's rows are chosen by the job's step 
 (meshtrain_runtime.fault.step_to_run()), so a restarted group reads the rows of the step it joins
 and the test can replay the job in one process. For the test's checks each rank also writes,
 after every step, a digest of its local parameter shards and optimizer state keyed by the
-committed step count (meshtrain_runtime.fault.current_step()).
+committed step count (meshtrain_runtime.fault.current_step()), with its learning rate and its
+scheduler's position: a LambdaLR kept in step with the committed steps by
+``fault.track(scheduler)`` (the one line a script adds for that).
 
 Arguments: OUT STEPS INIT_SEED DELAY STYLE [HOLD]: results folder, loop iterations, the seed of
 the initial weights, seconds each step waits (data loading), "forward_backward" or "plain"
@@ -35,6 +37,12 @@ from meshtrain_runtime import fault
 
 FEATURES = 8
 ROWS = 4  # per data-parallel rank and step
+LR = 0.05
+
+
+def lr_factor(step: int) -> float:
+    """The schedule: step k trains at LR x lr_factor(k) (the test's replay uses it too)."""
+    return 1.0 / (1.0 + 0.1 * step)
 
 
 class Tiny(nn.Module):
@@ -88,7 +96,8 @@ def main() -> None:
     (out / f"pid-g{group}-r{rank}-{launch}").write_text(str(os.getpid()))
     torch.manual_seed(init_seed)
     model = mr.transform(Tiny())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    scheduler = fault.track(torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor))
     loss_fn = nn.functional.mse_loss
     lines = (out / f"digest-g{group}-r{rank}-{launch}.jsonl").open("a")
     pause_at = int(os.environ.get("TEST_PAUSE_AT", "-1"))
@@ -103,10 +112,13 @@ def main() -> None:
         else:
             loss = mr.forward_backward(model, x, y, loss_fn=loss_fn)
         optimizer.step()
+        scheduler.step()  # skipped after a step that did not commit (fault.track)
         optimizer.zero_grad()
         lines.write(json.dumps({"index": index, "step": fault.current_step(),
                                 "dp_rank": state.dp_rank, "dp_size": state.dp_size,
-                                "loss": float(loss), "digest": digest(model, optimizer)}) + "\n")
+                                "loss": float(loss), "digest": digest(model, optimizer),
+                                "lr": optimizer.param_groups[0]["lr"],
+                                "scheduler_epoch": scheduler.last_epoch}) + "\n")
         lines.flush()
         index += 1
         time.sleep(delay)

@@ -38,6 +38,10 @@ AC_VARIANTS = {
     "plain": {},
     "ac": {"activation_checkpointing": True},
     "ac_every2": {"activation_checkpointing": True, "activation_checkpointing_interval": 2},
+    "selective": {"activation_checkpointing": "selective"},
+    "selective_every2": {"activation_checkpointing": "selective",
+                         "activation_checkpointing_interval": 2},
+    "selective_offload": {"activation_checkpointing": "selective", "activation_offloading": True},
     "offload": {"activation_checkpointing": True, "activation_offloading": True,
                 "activation_loading_horizon": 2},
     "offload_native": {"activation_checkpointing": True, "activation_offloading": True,
@@ -215,6 +219,10 @@ def cases_for(world: int) -> list[tuple[str, CaseFn]]:
                 parity, "mixtral_ep2_top2_ac",
                 {"expert_parallel_degree": 2, "activation_checkpointing": True}, "mixtral",
                 top_k=2)),
+            ("mixtral_ep2_top2_selective", partial(
+                parity, "mixtral_ep2_top2_selective",
+                {"expert_parallel_degree": 2, "activation_checkpointing": "selective"},
+                "mixtral", top_k=2)),
             ("llama_tp2_hsd2_sp_offload", partial(
                 parity, "llama_tp2_hsd2_sp_offload",
                 {**TP2, "hybrid_shard_degree": 2, "sequence_parallel": True,

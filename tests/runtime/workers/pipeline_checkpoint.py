@@ -1,5 +1,7 @@
 """Checkpoints between pipeline layouts: ``save DIR`` on 4 ranks, ``load DIR`` on 2,
-``load_pp4 DIR`` on 4 ranks.
+``load_pp4 DIR`` on 4 ranks. save and load run the tiny HF Llama, then the GPT-2-style plain
+module (DIR/gpt: its position table is read by attribute in forward, so the stage holds it
+outside any module it calls).
 
 save: pp2 x dp2 (hybrid_shard_degree 2 within each stage, 1F1B, 2 microbatches) trains a tiny
 HF Llama for SAVE_AT steps, saves model and AdamW state with save_checkpoint, exports the full
@@ -51,6 +53,9 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 def main(mode: str, directory: str) -> None:
     run(mode, PARAMETERS[mode], directory)
+    if mode in ("save", "load"):  # the GPT-2-style plain module too, in the same launch
+        mr.reset()
+        run(mode, PARAMETERS[mode], f"{directory}/gpt", name="gpt")
     if mode == "load_pp4":  # more cases in the same launch
         mr.reset()
         run("plain_to_pp2", PLAIN_TO_PP, f"{directory}/plain")
@@ -58,11 +63,11 @@ def main(mode: str, directory: str) -> None:
         run("pp4_to_pp2", PLAIN_TO_PP, f"{directory}/pp4")
 
 
-def run(case: str, parameters: dict, directory: str) -> None:
+def run(case: str, parameters: dict, directory: str, name: str = "llama") -> None:
     saving = case == "save"
     mr.init(parameters)
     torch.manual_seed(0)
-    model = mr.transform(build("llama") if saving else _other_seed())
+    model = mr.transform(build(name) if saving else _other_seed(name))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     if saving:
         train_steps(model, optimizer, range(SAVE_AT))
@@ -78,12 +83,12 @@ def run(case: str, parameters: dict, directory: str) -> None:
         export_full_state_dict(model, f"{directory}/export_pp4")
         mr.save_checkpoint(f"{directory}/pp4", model, optimizer, step=SAVE_AT)
     losses = train_steps(model, optimizer, range(SAVE_AT, STEPS))
-    report({"case": case, "losses": losses, "pp_size": mr.state.pp_size,
+    report({"case": case, "model": name, "losses": losses, "pp_size": mr.state.pp_size,
             "names": sorted(n for n, _ in model.named_parameters())})
 
 
-def _other_seed() -> torch.nn.Module:
-    model = build("llama")
+def _other_seed(name: str) -> torch.nn.Module:
+    model = build(name)
     with torch.no_grad():  # weights that differ from the saved ones: the load must fill them
         for parameter in model.parameters():
             parameter.add_(0.5)

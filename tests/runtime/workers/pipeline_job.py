@@ -1,11 +1,13 @@
-"""A local job's entry point (2 hosts x 2 processes): pp2 x dp2 training of the tiny HF Llama of
-pipeline_parity.py; rank 0 writes the per-step global mean losses to the model directory.
-tests/runtime/test_pipeline_estimator.py compares them with one process."""
+"""A local job's entry point (2 hosts x 2 processes): pp2 x dp2 training of the GPT-2-style
+plain module of pipeline_parity.py (FSDP2 per stage); rank 0 writes the per-step global mean
+losses to the model directory. tests/runtime/test_pipeline_estimator.py compares them with one
+process and reads the job's log."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,7 +20,9 @@ import meshtrain_runtime as mr
 def main() -> None:
     mr.init()  # the parameters come from the Estimator's distribution
     st = mr.state
-    model = mr.transform(build("llama"))
+    if st.rank == 0:  # the test checks that warnings reach the job's log
+        warnings.warn("pipeline_job: a warning of the training script", UserWarning, stacklevel=1)
+    model = mr.transform(build("gpt"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     tokens, losses = data(), []
     for step in range(STEPS):
@@ -32,6 +36,7 @@ def main() -> None:
         losses.append(float(total) / st.world_size)
     if st.rank == 0:
         record = {"losses": losses, "pp_size": st.pp_size, "dp_size": st.dp_size,
+                  "microbatches": st.config.microbatches, "fsdp": st.dp_size > 1,
                   "hosts": json.loads(os.environ["SM_HOSTS"])}
         (Path(os.environ["SM_MODEL_DIR"]) / "losses.json").write_text(json.dumps(record))
 

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import _tp_part
+from meshtrain_runtime.parallel.collectives import all_gather_into
 from meshtrain_runtime.torch_api import (
     clean_tensor_name,
     flat_param_layout,
@@ -87,7 +88,7 @@ def _gathered(model: FullyShardedDataParallel, optim: torch.optim.Optimizer, fla
     group = model.process_group
     gathered = torch.empty(local.numel() * dist.get_world_size(group), dtype=local.dtype,
                            device=local.device)
-    dist.all_gather_into_tensor(gathered, local, group=group)
+    all_gather_into(gathered, local, group=group)
     return gathered
 
 

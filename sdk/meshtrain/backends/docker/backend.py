@@ -18,12 +18,13 @@ from meshtrain.backends.docker.containers import (
     RUNTIME_MOUNT,
     DockerSettings,
     Mount,
+    owner_user,
     settings_file,
     shm_size_for,
 )
 from meshtrain.backends.docker.engine import check_engine, docker_binary, remove_job_resources
 from meshtrain.backends.docker.volumes import parse_shm_size, parse_volumes
-from meshtrain.backends.hosts.backend import HostBackend
+from meshtrain.backends.hosts.backend import HostBackend, readable
 from meshtrain.backends.hosts.job import HostTrainingJob
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, local_path
 from meshtrain.contract.errors import ConfigError
@@ -102,11 +103,12 @@ class DockerBackend(HostBackend):
     def owns(self, job_name: str) -> bool:
         """A Docker job's directory says so (one made before it did has Docker settings)."""
         job_dir = self.job_directory(job_name)
-        if not job_dir.spec_file.exists():
-            return False
-        recorded = job_dir.backend_file.exists()
-        return (job_dir.read_backend() == self.name if recorded
-                else settings_file(job_dir).exists())
+        with readable(self.jobs_dir):
+            if not job_dir.spec_file.exists():
+                return False
+            recorded = job_dir.backend_file.exists()
+            return (job_dir.read_backend() == self.name if recorded
+                    else settings_file(job_dir).exists())
 
     def resolve_spec(self, spec: JobSpec) -> JobSpec:
         """The engine must answer and the image exist (built on first use) before anything is
@@ -130,7 +132,8 @@ class DockerBackend(HostBackend):
             network=f"meshtrain-{spec.job_name}-{token[:8]}",
             shm_size=self.shm_size or shm_size_for(ppn),
             gpus=ALL_GPUS if self.passes_gpus else 0,
-            mounts=[*job_mounts(spec, job_dir), *runtime_mounts(), *self.volumes])
+            mounts=[*job_mounts(spec, job_dir), *runtime_mounts(), *self.volumes],
+            user=owner_user())
 
 def job_mounts(spec: JobSpec, job_dir: JobDirectory) -> list[Mount]:
     """The code tarball and every input channel, read-only at the paths the hosts' /opt/ml

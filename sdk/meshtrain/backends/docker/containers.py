@@ -7,6 +7,7 @@ Pure functions of a :class:`DockerSettings` (what the backend resolved at submit
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ class DockerSettings:
     """0: none; ALL_GPUS: every GPU of the machine; n: the first n (device requests)."""
     mounts: list[Mount] = field(default_factory=list)
     """Job-wide mounts: the code tarball, input channels, the runtime, the user's volumes."""
+    user: str = ""
+    """``uid:gid`` the containers run as: the job's owner, who alone can read the job's files
+    (contract/private_files.py); "" for a job made before (the image's own user)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -116,9 +120,12 @@ def container_environment(settings: DockerSettings, host: str, host_env: dict[st
 
 
 def run_command(settings: DockerSettings, host: str, opt_ml: Path, work_dir: Path,
-                host_env: dict[str, str]) -> list[str]:
+                host_env: dict[str, str], by_name: frozenset[str] = frozenset()) -> list[str]:
     """`docker run` for one host, attached (its output is the host's log, its exit code the
-    host's), named `<job>-<host>` with hostname `host` on the job's network."""
+    host's), named `<job>-<host>` with hostname `host` on the job's network, as the job's owner.
+    The variables named in `by_name` (the user's environment, which may hold secrets) are
+    passed as ``--env NAME``: docker reads their values from its own environment, so they never
+    appear on a command line that every user of the machine can read (ps)."""
     argv = ["run", "--name", container_name(settings.job_name, host), "--hostname", host,
             "--network", settings.network, "--network-alias", host,
             "--label", f"{LABEL_JOB}={settings.job_name}",
@@ -128,11 +135,27 @@ def run_command(settings: DockerSettings, host: str, opt_ml: Path, work_dir: Pat
             "--mount", Mount(str(work_dir), str(work_dir), read_only=False).argument()]
     for mount in settings.mounts:
         argv += ["--mount", mount.argument()]
-    argv += gpu_arguments(settings.gpus)
+    argv += gpu_arguments(settings.gpus) + user_arguments(settings.user)
     for key, value in sorted(container_environment(settings, host, host_env,
                                                    str(work_dir)).items()):
-        argv += ["--env", f"{key}={value}"]
+        argv += ["--env", key if key in by_name else f"{key}={value}"]
     return [*argv, settings.image, "python3", "-m", BOOTSTRAP_MODULE]
+
+
+def user_arguments(user: str) -> list[str]:
+    """`--user uid:gid` (the job's owner); a user other than root, whom the image may not know,
+    also gets a writable HOME and a USER name (pip and torch's caches look them up)."""
+    if not user:
+        return []
+    argv = ["--user", user]
+    if not user.startswith("0:"):
+        argv += ["--env", "HOME=/tmp", "--env", f"USER=uid{user.split(':')[0]}"]
+    return argv
+
+
+def owner_user() -> str:
+    """This process's `uid:gid`: who a job's containers run as."""
+    return f"{os.getuid()}:{os.getgid()}"
 
 
 def containers_of_job_command(token: str) -> list[str]:

@@ -4,7 +4,7 @@ Two steps, cached by tag (``meshtrain:<version>-cpu``):
 
 1. unless ``--base`` names an image: a Debian root file system from mmdebstrap (the host's own
    release and apt sources; ``--variant=essential`` plus python3, python-is-python3, libstdc++6)
-   into which a customize hook pip-installs torch, numpy and pydantic for the chroot's Python
+   into which a customize hook pip-installs torch, numpy, pydantic and pip for the chroot's Python
    (``pip install --target``, this client's pip and package index), piped into ``docker import``;
 2. ``containers/Dockerfile.cpu`` on top: this client's own meshtrain + meshtrain_runtime
    packages and the ``train`` entry (a one-second ``docker build``).
@@ -107,7 +107,7 @@ def _build_env() -> dict[str, str]:
 
 
 def build_base(tag: str) -> None:
-    """mmdebstrap | docker import: Debian + python3 + torch, numpy, pydantic (no registry)."""
+    """mmdebstrap | docker import: Debian + python3 + torch, numpy, pydantic, pip (no registry)."""
     if shutil.which("mmdebstrap") is None:
         raise ConfigError("building meshtrain's image needs mmdebstrap (the mmdebstrap "
                           "package), or pass --base IMAGE with an image that has python3, torch "
@@ -131,12 +131,13 @@ def build_base(tag: str) -> None:
 
 
 def _requirements() -> list[str]:
-    """torch at the version this client has (if any), numpy, pydantic."""
+    """torch at the version this client has (if any), numpy, pydantic, and pip (SageMaker SDK
+    v3's drivers install requirements with it)."""
     try:
         torch = f"torch=={importlib.metadata.version('torch').split('+')[0]}"
     except importlib.metadata.PackageNotFoundError:
-        torch = "torch>=2.10.0"
-    return [torch, "numpy>=1.24", "pydantic>=2.6"]
+        torch = "torch>=2.13.0"
+    return [torch, "numpy>=1.24", "pydantic>=2.6", "pip"]
 
 
 WARM_MODULES = ("torch", "torch.distributed.run", "torch.distributed.fsdp",

@@ -10,6 +10,8 @@ job's network, and the job's end (success, failure, stop) removes its containers
 
 from __future__ import annotations
 
+import os
+
 from meshtrain.backends.docker.containers import (
     DockerSettings,
     network_create_command,
@@ -22,10 +24,11 @@ from meshtrain.backends.docker.engine import (
     remove_job_resources,
     stop_job_containers,
 )
-from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, source_root
 from meshtrain.backends.hosts.processes import terminate_groups
 from meshtrain.backends.hosts.supervisor import STOP_GRACE_SECONDS, HostSupervisor, supervise
 from meshtrain.contract import env as names
+from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
 from meshtrain.contract.jobspec import JobSpec
 
 CLI_GRACE_SECONDS = 10.0
@@ -33,11 +36,12 @@ CLI_GRACE_SECONDS = 10.0
 
 def host_environment(spec: JobSpec, job_dir: JobDirectory, attempt: int) -> dict[str, str]:
     """What every container gets beside the contract's names (containers.container_environment):
-    the user's environment, the job's one checkpoint folder (mounted at the same path) and the
-    attempt number of a restarted job."""
+    the user's environment, the job's one checkpoint folder (mounted at the same path), the
+    attempt number of a restarted job and the source folder its tracebacks name."""
     return {**spec.environment,
             names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
-            names.MESHTRAIN_ATTEMPT: str(attempt)}
+            names.MESHTRAIN_ATTEMPT: str(attempt),
+            names.MESHTRAIN_SOURCE_DIR: source_root(spec)}
 
 
 class DockerSupervisor(HostSupervisor):
@@ -62,10 +66,15 @@ class DockerSupervisor(HostSupervisor):
         self.host_env = host_environment(self.spec, self.job_dir, attempt)
 
     def host_process(self, host: str, attempt: int) -> tuple[list[str], dict[str, str] | None]:
-        """An attached `docker run` of the host's container."""
+        """An attached `docker run` of the host's container; the user's environment values go
+        in the docker client's environment, named on its command line (DOCKER_* ones, which
+        would steer the client itself, by value)."""
+        by_name = frozenset(k for k in self.spec.environment if not k.startswith("DOCKER_"))
         argv = run_command(self.settings, host, self.job_dir.host_paths(host).base,
-                           self.job_dir.host_work_dir(host), self.host_env)
-        return [docker_binary(), *argv], None
+                           self.job_dir.host_work_dir(host), self.host_env, by_name)
+        client_env = {**os.environ, **{k: self.spec.environment[k] for k in by_name}}
+        client_env.pop(MESHTRAIN_JOB_ENVIRONMENT, None)
+        return [docker_binary(), *argv], client_env
 
     def end_hosts(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         """A stop first gives the ranks their grace period (`docker stop`); then the job's

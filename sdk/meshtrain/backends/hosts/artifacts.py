@@ -52,15 +52,18 @@ def _write_tar(tarball: Path, members: dict[str, Path]) -> None:
         raise
 
 
-def package_artifacts(spec: JobSpec, job_dir: JobDirectory) -> str | None:
-    """Write model.tar.gz (every host's /opt/ml/model) and output.tar.gz (output/data).
+def package_artifacts(spec: JobSpec, job_dir: JobDirectory,
+                      model_hosts: list[str] | None = None) -> str | None:
+    """Write model.tar.gz (every host's /opt/ml/model, or `model_hosts`' only: a fault-tolerant
+    job keeps its finished replica group's) and output.tar.gz (every host's output/data).
 
     Returns None, or a failure reason naming the path and the error (a full disk, no
     permission): the free space is checked before packing, and a partial archive is removed.
     """
     target = output_location(spec, job_dir)
     hosts = [job_dir.host_paths(h) for h in spec.hosts]
-    plan = [(target / "model.tar.gz", _members([p.model_dir for p in hosts])),
+    models = [job_dir.host_paths(h).model_dir for h in model_hosts or spec.hosts]
+    plan = [(target / "model.tar.gz", _members(models)),
             (target / "output.tar.gz", _members([p.output_data_dir for p in hosts]))]
     kept = f"The outputs are kept in {job_dir.root / 'hosts'}/algo-*/opt/ml."
     current = target

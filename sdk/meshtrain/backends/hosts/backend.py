@@ -8,12 +8,14 @@ its handle class and the hooks it needs (`resolve_spec`, `prepare_job`, `startin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +30,20 @@ from meshtrain.backends.hosts.layout import (
 from meshtrain.backends.hosts.lighthouse import check_lighthouse_installed
 from meshtrain.backends.hosts.replica_groups import ReplicaGroups, replica_groups_of
 from meshtrain.backends.hosts.s3_staging import check_s3_locations, download_checkpoints, stage_s3
+from meshtrain.contract import job_environment
 from meshtrain.contract.archive import write_sourcedir_tarball
 from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_JOB_TOKEN
 from meshtrain.contract.errors import ConfigError, JobFailedError
+from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.private_files import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_UMASK,
+    home_warning,
+    make_private_dir,
+    meshtrain_home,
+    private_umask,
+)
 from meshtrain.contract.support import check_fault_tolerance_supported
 from meshtrain.job import TERMINAL_STATUSES
 from meshtrain.naming import is_generated_name, with_random_suffix
@@ -99,13 +111,17 @@ class HostBackend:
         """
         self.validate(spec)
         spec = self.resolve_spec(spec)
+        with private_umask():  # every file of the job is its owner's alone, whatever the umask
+            return self._submit(spec)
+
+    def _submit(self, spec: JobSpec) -> HostTrainingJob:
         spec, job_dir = self._create_job_directory(spec)
         token = secrets.token_hex(16)
         try:
             spec = stage_s3(spec, job_dir.root)  # S3 channels downloaded, S3 outputs recorded
             job_dir.token_file.write_text(token)
             job_dir.backend_file.write_text(self.name)
-            job_dir.spec_file.write_text(spec.to_json())
+            job_dir.spec_file.write_text(spec.to_record_json())  # environment values masked
             write_sourcedir_tarball(Path(spec.source_dir), job_dir.sourcedir_tarball,
                                     [Path(d) for d in spec.dependencies])
             for host in spec.hosts:
@@ -116,7 +132,7 @@ class HostBackend:
                                  SecondaryStatusTransitions=[])
             job_dir.add_transition("Starting", self.starting_message(spec))
             job_dir.log_file.touch()
-            _start_supervisor(job_dir, spec.job_name, token, self.supervisor_module)
+            _start_supervisor(job_dir, spec, token, self.supervisor_module)
         except OSError as error:
             shutil.rmtree(job_dir.root, ignore_errors=True)
             raise JobFailedError(spec.job_name, _os_error_reason(job_dir.root, error)) from None
@@ -136,13 +152,13 @@ class HostBackend:
         return "Starting the training job"
 
     def _create_job_directory(self, spec: JobSpec) -> tuple[JobSpec, JobDirectory]:
-        """mkdir the job directory exclusively: two submitters never share one."""
+        """mkdir the job directory exclusively (0700): two submitters never share one."""
         name = spec.job_name
         try:
-            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            self._make_jobs_dir()
             for _ in range(NAME_ATTEMPTS):
                 try:
-                    self.job_directory(name).root.mkdir()
+                    self.job_directory(name).root.mkdir(mode=PRIVATE_DIR_MODE)
                     break
                 except FileExistsError:
                     if not is_generated_name(spec.job_name):
@@ -155,6 +171,16 @@ class HostBackend:
         if name != spec.job_name:
             spec = spec.model_copy(update={"job_name": name})
         return spec, self.job_directory(name)
+
+    def _make_jobs_dir(self) -> None:
+        """jobs_dir, and MESHTRAIN_HOME above the default one, made 0700 when meshtrain
+        creates them; one warning line for an existing MESHTRAIN_HOME open to others."""
+        home = meshtrain_home()
+        if self.jobs_dir == default_jobs_dir() and not make_private_dir(home, parents=True):
+            warning = home_warning(home)
+            if warning:
+                print(f"meshtrain: warning: {warning}", file=sys.stderr)
+        make_private_dir(self.jobs_dir, parents=True)
 
     def load_spec(self, job_name: str) -> JobSpec:
         if not self.owns(job_name):
@@ -170,7 +196,8 @@ class HostBackend:
     def owns(self, job_name: str) -> bool:
         """Whether `jobs_dir` holds a job of this backend called `job_name`."""
         job_dir = self.job_directory(job_name)
-        return job_dir.spec_file.exists() and job_dir.read_backend() == self.name
+        with readable(self.jobs_dir):
+            return job_dir.spec_file.exists() and job_dir.read_backend() == self.name
 
     def find(self, job_name: str) -> HostTrainingJob | None:
         """The handle of this backend's job called `job_name`, or None."""
@@ -178,10 +205,11 @@ class HostBackend:
 
     def job_names(self) -> list[str]:
         """Every job of this backend under `jobs_dir` (for listing and a did-you-mean)."""
-        if not self.jobs_dir.is_dir():
-            return []
-        return sorted(spec.parent.name for spec in self.jobs_dir.glob("*/spec.json")
-                      if self.owns(spec.parent.name))
+        with readable(self.jobs_dir):
+            if not self.jobs_dir.is_dir():
+                return []
+            return sorted(spec.parent.name for spec in self.jobs_dir.glob("*/spec.json")
+                          if self.owns(spec.parent.name))
 
     def summaries(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Name, status, times and failure reason of every job of this backend, newest first
@@ -199,6 +227,7 @@ class HostBackend:
         """Delete an ended job's directory (its logs, model and checkpoints under it), after
         ending any process it left; ConfigError for a job still running."""
         job = self.attach(job_name)
+        job.check_owner("remove")
         status = job.status
         if status not in TERMINAL_STATUSES:
             raise ConfigError(f"job {job_name} is {status}: stop it first (`meshtrain stop "
@@ -209,6 +238,18 @@ class HostBackend:
     def not_found(self, job_name: str) -> str:
         """The same words for every backend of a jobs_dir (local and Docker jobs share it)."""
         return f"no local job {job_name} under {self.jobs_dir}"
+
+
+@contextlib.contextmanager
+def readable(jobs_dir: Path) -> Iterator[None]:
+    """Another user's jobs cannot be read (their directories are 0700): a ConfigError that says
+    so rather than a PermissionError's traceback."""
+    try:
+        yield
+    except PermissionError as error:
+        raise ConfigError(f"cannot read {error.filename or jobs_dir}: permission denied. A "
+                          "job's files are its owner's alone: run meshtrain as the user who "
+                          f"made the jobs under {jobs_dir}.") from None
 
 
 def _check_local_locations(spec: JobSpec) -> None:
@@ -238,16 +279,18 @@ def _os_error_reason(where: Path, error: OSError) -> str:
             "another jobs_dir (MESHTRAIN_HOME).")
 
 
-def _start_supervisor(job_dir: JobDirectory, job_name: str, token: str, module: str) -> None:
+def _start_supervisor(job_dir: JobDirectory, spec: JobSpec, token: str, module: str) -> None:
     """Start the job's supervisor (`python -m module DIR`) in a session of its own (the job
-    outlives this client). It and every process it starts carry the job's token, which is how
-    they are found again."""
-    env = {**os.environ, MESHTRAIN_JOB_NAME: job_name, MESHTRAIN_JOB_TOKEN: token}
+    outlives this client), with umask 077. It and every process it starts carry the job's
+    token, which is how they are found again; the environment's values reach it in its own
+    environment (MESHTRAIN_JOB_ENVIRONMENT), never in a file."""
+    env = {**os.environ, MESHTRAIN_JOB_NAME: spec.job_name, MESHTRAIN_JOB_TOKEN: token,
+           MESHTRAIN_JOB_ENVIRONMENT: job_environment.encode(spec.environment)}
     with open(job_dir.root / "supervisor.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", module, str(job_dir.root)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, umask=PRIVATE_UMASK,
         )
     try:
         job_dir.supervisor_pid_file.write_text(str(proc.pid))

@@ -20,7 +20,10 @@ Definitions (docs/fault-tolerance.md):
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,18 @@ def read_step_records(output_data_dirs: Iterable[Path]) -> list[dict[str, Any]]:
                 except (ValueError, KeyError, TypeError):
                     continue
     return sorted(latest.values(), key=lambda r: (r["step"], r["replica_group"]))
+
+
+def read_checkpoint_records(output_data_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every checkpoint a group saved or loaded (``checkpoints-<g>.jsonl``: kind, seconds)."""
+    found = []
+    for folder in output_data_dirs:
+        for path in sorted((folder / RECORDS_FOLDER).glob("checkpoints-*.jsonl")):
+            with contextlib.suppress(OSError):
+                for line in path.read_text(errors="replace").splitlines():
+                    with contextlib.suppress(ValueError):
+                        found.append(json.loads(line))
+    return found
 
 
 def step_participants(records: list[dict[str, Any]]) -> dict[int, set[int]]:
@@ -85,11 +100,65 @@ def recovery(event: dict[str, Any], records: list[dict[str, Any]],
                       DownSeconds=round(rejoined - failed_at, 3))
         if event.get("RestartedAt"):
             result["RejoinSecondsAfterRestart"] = round(rejoined - float(event["RestartedAt"]), 3)
+        if "began" in first_after:  # from the failure until it asked to join; its heal
+            result["RestartSeconds"] = round(float(first_after["began"]) - failed_at, 3)
+            result["HealSeconds"] = first_after.get("quorum_seconds")
+    result["SurvivorGapSeconds"] = survivor_gap(group, failed_at, records)
     return result
 
 
+def survivor_gap(group: int, failed_at: float, records: list[dict[str, Any]]) -> float | None:
+    """The longest time another group went without a committed step at this failure: from its
+    commit before its first step without `group` (after `group`'s last commit before the
+    failure) to that step's commit; failure detection included."""
+    own = [float(r["time"]) for r in records if int(r["replica_group"]) == group
+           and r.get("committed") and float(r["time"]) <= failed_at]
+    since = max(own, default=failed_at)
+    gaps = []
+    for other in {int(r["replica_group"]) for r in records} - {group}:
+        commits = sorted((float(r["time"]), r) for r in records
+                         if int(r["replica_group"]) == other and r.get("committed"))
+        for (before, _), (after, record) in itertools.pairwise(commits):
+            if after > since and group not in record.get("participants", []):
+                gaps.append(after - before)
+                break
+    return round(max(gaps), 3) if gaps else None
+
+
+def measured_times(records: list[dict[str, Any]], recoveries: list[dict[str, Any]],
+                   checkpoints: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The job's measured costs of a failure and of a checkpoint (medians), what
+    ``meshtrain plan --goodput --from-job`` starts from: a group's restart until it asks to
+    join, its heal, the other groups' stall (their gap less their usual step interval), and a
+    checkpoint's write and load."""
+    intervals = []
+    for group in {int(r["replica_group"]) for r in records}:
+        times = sorted(float(r["time"]) for r in records
+                       if int(r["replica_group"]) == group and r.get("committed"))
+        intervals += [b - a for a, b in itertools.pairwise(times)]
+    usual = _median(intervals) or 0.0
+    gaps = [r["SurvivorGapSeconds"] - usual for r in recoveries if r.get("SurvivorGapSeconds")]
+    return {
+        "GroupRestartSeconds": _median([r["RestartSeconds"] for r in recoveries
+                                        if r.get("RestartSeconds") is not None]),
+        "HealSeconds": _median([r["HealSeconds"] for r in recoveries
+                                if r.get("HealSeconds") is not None]),
+        "StallSeconds": _median([max(0.0, gap) for gap in gaps]),
+        "StepSeconds": _median(intervals),
+        "CheckpointWriteSeconds": _median([c["seconds"] for c in checkpoints
+                                           if c.get("kind") == "write"]),
+        "CheckpointLoadSeconds": _median([c["seconds"] for c in checkpoints
+                                          if c.get("kind") == "load"]),
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
 def fault_tolerance_summary(records: list[dict[str, Any]], events: list[dict[str, Any]],
-                            replica_groups: int) -> dict[str, Any]:
+                            replica_groups: int,
+                            checkpoints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """describe()["FaultTolerance"]: Goodput (0..1), Recoveries (one per failure) and counts."""
     steps = step_participants(records)
     replica_steps = sum(len(groups) for groups in steps.values())
@@ -107,6 +176,7 @@ def fault_tolerance_summary(records: list[dict[str, Any]], events: list[dict[str
         "Recoveries": recoveries,
         "LostReplicaGroups": sorted({int(e["ReplicaGroup"]) for e in events
                                      if e.get("Lost")}),
+        "Measured": measured_times(records, recoveries, checkpoints or []),
     }
 
 

@@ -2,21 +2,13 @@
 lighthouse, and a failed group restarted alone while the others train on.
 
 The supervisor starts the lighthouse (lighthouse.py) and then every replica group's hosts, each
-group with its own rendezvous and told its group and the lighthouse (replica_groups.py). When a
-host of a group fails, that group's other hosts get FAILURE_SETTLE_SECONDS to fail on their own
-(and record why), then every process of that group (found by the job token and its
-MESHTRAIN_FT_REPLICA_GROUP) is ended and the group starts again with a fresh rendezvous; its
-ranks heal from a live peer through torchft. The other groups are never touched.
-
-Budget: each group may be restarted ``torch_distributed.max_restarts`` times (per group, not per
-job). A group that fails with its budget spent is left out; the others train on.
-
-The end: the job ends once no group is running. As soon as one group has finished (exit 0) no
-group is restarted any more (it would find no peer to heal from and start over alone); groups
-still running get FINISH_WINDOW_SECONDS to finish too, then they are stopped. The job is
-Completed if a group finished, Failed if every group was lost (with the last group's reason).
-Every failure is recorded in status.json (``FaultToleranceEvents``) and announced in the log; the
-progress display gets ``ft:*`` metric lines (ft_metrics.py). The lighthouse is stopped by its pid.
+group with its own rendezvous and told its group, the lighthouse and the job's coordination
+folder (replica_groups.py). When a host of a group fails, that group's other hosts get
+FAILURE_SETTLE_SECONDS to fail on their own (and record why), then every process of that group
+(found by the job token and its MESHTRAIN_FT_REPLICA_GROUP) is ended and, if the policy allows
+it, the group starts again with a fresh rendezvous; its ranks heal from a live peer through
+torchft. The other groups are never touched. What is decided (budget, the end, the outcome, the
+lines) is the coordinator's (ft_coordinator.py), which Slurm follows too.
 """
 
 from __future__ import annotations
@@ -24,61 +16,61 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-from meshtrain.backends.hosts.ft_metrics import (
-    fault_tolerance_summary,
-    progress_metrics_line,
-    read_step_records,
+from meshtrain.backends.hosts.ft_coordinator import (
+    GroupRun,
+    ReplicaGroupCoordinator,
+    coordination_dir,
+    stop_reason,
 )
+from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.lighthouse import Lighthouse, LighthouseError
 from meshtrain.backends.hosts.processes import pids_of_group, signal_groups
-from meshtrain.backends.hosts.replica_groups import (
-    ReplicaGroups,
-    fault_tolerance_of,
-    ft_environment,
-)
+from meshtrain.backends.hosts.replica_groups import ft_environment
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS, archive_host_records
-
-if TYPE_CHECKING:
-    from meshtrain.backends.hosts.supervisor import HostSupervisor
+from meshtrain.contract.jobspec import JobSpec
 
 FAILURE_SETTLE_SECONDS = 5.0
 GROUP_STOP_SECONDS = 5.0  # a failed group's survivors: SIGTERM, then SIGKILL after this
-FINISH_WINDOW_SECONDS = 60.0
 REPORT_SECONDS = 2.0  # how often the progress line's ft:* values are refreshed
-LOG_PREFIX = "[meshtrain] "
+POLL_SECONDS = 0.2
 
 
-@dataclass
-class GroupRun:
-    """One replica group's life in the job."""
+class GroupHosts(Protocol):
+    """What a fault-tolerant run needs of the job's supervisor (hosts/supervisor.py)."""
 
-    index: int
-    hosts: tuple[str, ...]
-    attempt: int = 1
-    state: str = "running"  # running | done | lost | stopped
-    readers: list[threading.Thread] = field(default_factory=list)
-    reason: str | None = None
+    job_dir: JobDirectory
+    spec: JobSpec
+    token: str
+    hosts: dict[str, subprocess.Popen]
+    host_extra_env: dict[str, dict[str, str]]
+    failed_hosts: list[str]
+    resource_fault: str | None
+    stop_requested: threading.Event
+    log_lock: threading.Lock
+    grace_seconds: float
+
+    def prepare_group(self, group: int, attempt: int) -> None: ...
+    def start_host(self, host: str, attempt: int) -> threading.Thread: ...
+    def end_hosts(self, grace_seconds: float) -> None: ...
+    def failure_reason(self) -> str: ...
 
 
 class FaultTolerantRun:
     """Runs one fault-tolerant job for `supervisor` (its hosts, logs, stop request, records)."""
 
-    def __init__(self, supervisor: HostSupervisor) -> None:
+    def __init__(self, supervisor: GroupHosts) -> None:
         self.sup = supervisor
-        self.ft = fault_tolerance_of(supervisor.spec)
-        assert self.ft is not None  # the supervisor runs this only for a fault-tolerant job
-        layout = ReplicaGroups.of(list(supervisor.spec.hosts), self.ft.replica_groups)
-        self.groups = [GroupRun(g, hosts) for g, hosts in enumerate(layout.groups)]
-        self.budget = supervisor.max_restarts
-        self.first_done: float | None = None
+        self.policy = ReplicaGroupCoordinator(supervisor.spec, supervisor.job_dir,
+                                              log_lock=supervisor.log_lock)
+        self.groups = self.policy.groups
         self.lighthouse = Lighthouse(supervisor.job_dir.root / "lighthouse.log",
-                                     min_replicas=self.ft.min_replica_groups)
-        self._last_report = (0.0, "")
+                                     fault_tolerance=self.policy.ft)
+        self._last_report = 0.0
 
     def run(self, deadline: float) -> tuple[str, str | None]:
         """Start the lighthouse and every group, watch until none runs; (status, reason)."""
@@ -86,12 +78,11 @@ class FaultTolerantRun:
             address = self.lighthouse.start()
         except LighthouseError as error:
             return "Failed", f"ClientError: {error}"
-        self.sup.job_dir.write_status(FaultToleranceLayout={
-            "ReplicaGroupHosts": [list(g.hosts) for g in self.groups], "Lighthouse": address,
-            "LighthousePid": self.lighthouse.pid, "RestartsPerGroup": self.budget})
-        self._log(f"fault tolerance: {len(self.groups)} replica groups "
-                  f"({'; '.join(', '.join(g.hosts) for g in self.groups)}), lighthouse "
-                  f"{address} (pid {self.lighthouse.pid})")
+        self.sup.job_dir.write_status(FaultToleranceLayout=self.policy.layout_status(
+            address, self.lighthouse.pid))
+        self.policy.log(f"fault tolerance: {len(self.groups)} replica groups "
+                        f"({'; '.join(', '.join(g.hosts) for g in self.groups)}), lighthouse "
+                        f"{address} (pid {self.lighthouse.pid})")
         try:
             for group in self.groups:
                 self._start_group(group, address)
@@ -103,66 +94,50 @@ class FaultTolerantRun:
             self._report(force=True)
         return status, reason
 
+    def model_hosts(self) -> list[str] | None:
+        """The hosts whose model artifacts the job keeps (the finished group's)."""
+        return self.policy.model_hosts()
+
     def _start_group(self, group: GroupRun, address: str) -> None:
-        env = ft_environment(group.index, self.ft, address)
+        env = ft_environment(group.index, self.policy.ft, address,
+                             coordination_dir(self.sup.job_dir))
         for host in group.hosts:
             self.sup.host_extra_env[host] = env
         self.sup.prepare_group(group.index, group.attempt)
         group.readers = [self.sup.start_host(host, group.attempt) for host in group.hosts]
-        group.state = "running"
 
     def _watch(self, deadline: float, address: str) -> tuple[str, str | None]:
         while True:
-            if self.sup.stop_requested.is_set():
-                from meshtrain.backends.hosts.supervisor import STOPPED_BY_CLIENT
-                return "Stopped", STOPPED_BY_CLIENT
-            if time.monotonic() > deadline:
-                return "Stopped", (f"MaxRuntimeExceeded: the job ran past "
-                                   f"max_run={self.sup.spec.max_run}s")
-            for group in self._running():
+            stopped = stop_reason(self.sup.stop_requested.is_set, deadline, self.sup.spec.max_run)
+            if stopped:
+                return "Stopped", stopped
+            for group in self.policy.running():
                 codes = [self.sup.hosts[h].poll() for h in group.hosts]
                 if any(code not in (None, 0) for code in codes):
                     self._on_failure(group, address)
                 elif all(code == 0 for code in codes):
-                    self._on_done(group)
-            self._stop_stragglers()
-            if not self._running():
-                return self._outcome()
+                    self.policy.on_exit_zero(group)
+            for group in self.policy.to_stop():
+                self._end_group(group)
+                group.state = "stopped"
+            if not self.policy.running():
+                return self.policy.outcome()
             self._report()
-            time.sleep(0.2)
-
-    def _running(self) -> list[GroupRun]:
-        return [g for g in self.groups if g.state == "running"]
-
-    def _on_done(self, group: GroupRun) -> None:
-        group.state = "done"
-        if self.first_done is None:
-            self.first_done = time.monotonic()
-        self._log(f"replica group {group.index} finished")
+            time.sleep(POLL_SECONDS)
 
     def _on_failure(self, group: GroupRun, address: str) -> None:
-        """End the failed group's processes; restart it if its budget allows, else leave it out."""
+        """End the failed group's processes; restart it if the policy allows, else leave it."""
         failed_at = time.time()
         reason = self._group_reason(group)
         self._end_group(group)
-        event: dict[str, Any] = {"ReplicaGroup": group.index, "Attempt": group.attempt,
-                                 "FailedAt": failed_at, "FailureReason": reason[:1024]}
-        headline = next((line for line in reason.splitlines() if line.strip()), "failed")[:300]
-        restarts = group.attempt - 1
-        if restarts < self.budget and self.first_done is None and not self.sup.resource_fault:
+        restart = (self.policy.may_restart(group, stopping=self.sup.stop_requested.is_set())
+                   and not self.sup.resource_fault)
+        if restart:
             archive_host_records(self.sup.job_dir, list(group.hosts), group.attempt)
-            group.attempt += 1
+        event = self.policy.on_failure(group, reason, failed_at, restarted=restart)
+        if restart:
             self._start_group(group, address)
             event["RestartedAt"] = time.time()
-            self._log(f"replica group {group.index} ({', '.join(group.hosts)}) failed: "
-                      f"{headline}; restarting only its hosts (restart {restarts + 1} of "
-                      f"{self.budget}); the other groups train on")
-        else:
-            group.state, group.reason, event["Lost"] = "lost", reason, True
-            why = ("another group has finished" if self.first_done is not None
-                   else f"its {self.budget} restarts are spent")
-            self._log(f"replica group {group.index} failed: {headline}; not restarted ({why}); "
-                      "the other groups train on without it")
         events = self.sup.job_dir.read_status().get("FaultToleranceEvents", [])
         self.sup.job_dir.write_status(FaultToleranceEvents=[*events, event])
         self._report(force=True)
@@ -205,45 +180,10 @@ class FaultTolerantRun:
         for reader in group.readers:
             reader.join(timeout=5)
 
-    def _stop_stragglers(self) -> None:
-        """Groups still running FINISH_WINDOW_SECONDS after the first finished are stopped."""
-        if self.first_done is None or time.monotonic() - self.first_done < FINISH_WINDOW_SECONDS:
-            return
-        for group in self._running():
-            self._log(f"replica group {group.index} still runs {FINISH_WINDOW_SECONDS:.0f} s "
-                      "after another group finished: stopped")
-            self._end_group(group)
-            group.state = "stopped"
-
-    def _outcome(self) -> tuple[str, str | None]:
-        if any(g.state == "done" for g in self.groups):
-            return "Completed", None
-        lost = [g for g in self.groups if g.state == "lost"]
-        last = lost[-1].reason if lost else None
-        return "Failed", (f"every replica group failed; the last: {last}" if last
-                          else "every replica group failed")
-
-    def _log(self, text: str) -> None:
-        with self.sup.log_lock, contextlib.suppress(OSError), open(
-                self.sup.job_dir.log_file, "ab") as log:
-            log.write(f"{LOG_PREFIX}{text}\n".encode())
-
     def _report(self, force: bool = False) -> None:
-        """Every REPORT_SECONDS: the figures into status.json (describe() reads them there) and
-        the ft:* metric line into the job log, each when it changed."""
+        """Every REPORT_SECONDS (or now): the figures and the ft:* line (the coordinator's)."""
         now = time.monotonic()
-        if not force and now - self._last_report[0] < REPORT_SECONDS:
+        if not force and now - self._last_report < REPORT_SECONDS:
             return
-        status = self.sup.job_dir.read_status()
-        summary = fault_tolerance_summary(
-            read_step_records(self.sup.job_dir.host_paths(h).output_data_dir
-                              for h in self.sup.spec.hosts),
-            status.get("FaultToleranceEvents", []), len(self.groups))
-        if summary != status.get("FaultTolerance"):
-            self.sup.job_dir.write_status(FaultTolerance=summary)
-        line = progress_metrics_line(summary)
-        if line and line != self._last_report[1]:
-            with self.sup.log_lock, contextlib.suppress(OSError), open(
-                    self.sup.job_dir.log_file, "ab") as log:
-                log.write(f"{line}\n".encode())
-        self._last_report = (now, line or self._last_report[1])
+        self.policy.report(self.sup.job_dir.read_status().get("FaultToleranceEvents", []))
+        self._last_report = now

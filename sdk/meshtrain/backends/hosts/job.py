@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from meshtrain.backends.hosts.artifacts import output_location
+from meshtrain.backends.hosts.ft_logs import debug_logs
 from meshtrain.backends.hosts.ft_metrics import fault_tolerance_summary, read_step_records
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.processes import carries_token, kill_job_processes, pids_of_job
@@ -20,8 +21,10 @@ from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS
 from meshtrain.backends.hosts.s3_staging import read_destinations
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.private_files import check_owned, owner_uid
 from meshtrain.display import JobDisplay, host_index, make_display
-from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob, reported_interrupt, say_on_stderr
+from meshtrain.job_layout import layout_of_spec
 from meshtrain.pipes import drop_output_to_closed_pipes
 from meshtrain.progress import total_steps_from
 
@@ -36,20 +39,37 @@ class HostTrainingJob(TrainingJob):
         super().__init__(job_name)
         self.job_dir = job_dir
         self._log_offset = 0
+        self._layout: dict[str, Any] | None = None
 
     @property
     def token(self) -> str:
         """The token every process of this job carries (MESHTRAIN_JOB_TOKEN)."""
         return self.job_dir.read_token()
 
+    def log_location(self) -> str:
+        return str(self.job_dir.log_file)
+
+    def stop_hint(self) -> str:
+        return f"Ctrl-C or meshtrain stop {self.job_name}"
+
+    @property
+    def owner_uid(self) -> int:
+        """The job's owner: the user who made its directory (and runs its processes)."""
+        return owner_uid(self.job_dir.root)
+
+    def check_owner(self, action: str) -> None:
+        """ConfigError unless this process's user owns the job (stop, rm)."""
+        check_owned(self.job_dir.root, f"job {self.job_name}", action)
+
     def end_leftover_processes(self) -> int:
         """A job whose supervisor was killed may leave processes without a lifeline (a script's
-        detached children): end every one still carrying the job's token."""
+        detached children): end every one still carrying the job's token (its owner only)."""
+        self.check_owner("stop")
         return kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
 
     def processes(self) -> list[int]:
         """PIDs of this job's processes still running (supervisor, hosts, agents, ranks)."""
-        return pids_of_job(self.token)
+        return pids_of_job(self.token, self.owner_uid)
 
     def _supervisor_pid(self) -> int | None:
         """The supervisor's PID while it runs: a PID is only trusted if the process carries
@@ -58,7 +78,12 @@ class HostTrainingJob(TrainingJob):
             pid = int(self.job_dir.supervisor_pid_file.read_text())
         except (OSError, ValueError):
             return None
-        return pid if carries_token(pid, self.token) else None
+        return pid if carries_token(pid, self.token, self.owner_uid) else None
+
+    def _sees_processes(self) -> bool:
+        """Whether this user can see the job's processes (their environment is readable only
+        by their owner and root): another user never records a live job as dead."""
+        return os.getuid() in (0, self.owner_uid)
 
     def _supervisor_alive(self) -> bool:
         return self._supervisor_pid() is not None
@@ -89,19 +114,27 @@ class HostTrainingJob(TrainingJob):
 
     def describe(self) -> dict[str, Any]:
         status = self.job_dir.read_status()
-        if status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._supervisor_gone():
+        if (status["TrainingJobStatus"] not in TERMINAL_STATUSES and self._sees_processes()
+                and self._supervisor_gone()):
             status = self.job_dir.read_status()  # it may have finished between the two reads
             if status["TrainingJobStatus"] not in TERMINAL_STATUSES:
                 status = self._record_end_of_dead_supervisor()
         spec = self.job_dir.read_spec()
-        return _description(spec, self.job_dir, status)
+        return {**_description(spec, self.job_dir, status), "Layout": self.layout(spec)}
+
+    def layout(self, spec: JobSpec | None = None) -> dict[str, Any]:
+        """describe()["Layout"] (meshtrain.job_layout), worked out once per handle."""
+        if self._layout is None:
+            self._layout = layout_of_spec(spec or self.job_dir.read_spec())
+        return self._layout
 
     def summary(self) -> dict[str, Any]:
-        """What a listing shows: the status file, checked like describe() while running."""
+        """What a listing shows: the status file (checked like describe() while running) and
+        the layout."""
         status = self.job_dir.read_status()
         if status.get("TrainingJobStatus") not in TERMINAL_STATUSES:
             status = self.describe()
-        return {"TrainingJobName": self.job_name, **status}
+        return {"TrainingJobName": self.job_name, **status, "Layout": self.layout()}
 
     def _show_new_log(self, display: JobDisplay) -> None:
         with open(self.job_dir.log_file, "rb") as log:
@@ -120,17 +153,17 @@ class HostTrainingJob(TrainingJob):
 
     def _wait(self, logs: bool) -> None:
         display = make_display(self.job_name, total_steps=total_steps_from(
-            self.job_dir.read_spec().hyperparameters)) if logs else None
+            self.job_dir.read_spec().hyperparameters), header=self.start_line()) if logs else None
         try:
             description = self._follow(display)
         except KeyboardInterrupt:
             if display is not None:
                 display.close()
-            self._stop_on_interrupt()
-            # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md); the
-            # message replaces the frames of the polling loop the user never wrote.
-            raise KeyboardInterrupt(f"training job {self.job_name} was stopped (Ctrl-C)"
-                                    ) from None
+            outcome = self._stop_on_interrupt()
+            # The caller's program stops too, as Ctrl-C means (docs/local-jobs.md), with the
+            # one line just printed instead of the frames of a polling loop the user never wrote.
+            raise reported_interrupt(f"training job {self.job_name} was {outcome} (Ctrl-C)",
+                                     say=False) from None
         self._wait_for_supervisor_exit()  # it records the status just before it ends
         if display is not None:
             self._show_new_log(display)
@@ -149,15 +182,20 @@ class HostTrainingJob(TrainingJob):
                 return description
             time.sleep(POLL_SECONDS)
 
-    def _stop_on_interrupt(self) -> None:
-        """Ctrl-C while waiting: a local job dies with its client, and says so."""
-        print(f"\nStopping job {self.job_name} ... ", end="", flush=True)
+    def _stop_on_interrupt(self) -> str:
+        """Ctrl-C while waiting: a local job dies with its client, and says so in one line on
+        stderr (stdout may be a `| tee` the same Ctrl-C ended); returns how it ended."""
+        after_echo = "\n" if _is_terminal(sys.stderr) else ""  # the terminal's "^C"
+        say_on_stderr(f"{after_echo}meshtrain: Ctrl-C: stopping job {self.job_name} ... ")
         try:
             self.stop()
         except KeyboardInterrupt:  # a second Ctrl-C: leave the supervisor to finish it
-            print(f"still stopping in the background; see `meshtrain status {self.job_name}`")
-            return
-        print(self.job_dir.read_status().get("TrainingJobStatus", "?").lower())
+            say_on_stderr(f"still stopping in the background (meshtrain status "
+                          f"{self.job_name}).\n")
+            return "left stopping"
+        outcome = self.job_dir.read_status().get("TrainingJobStatus", "?").lower()
+        say_on_stderr(f"{outcome}; its log: meshtrain logs {self.job_name}\n")
+        return outcome
 
     def logs(self) -> None:
         """Print the job's merged log so far (every host, prefixed with its name)."""
@@ -174,10 +212,19 @@ class HostTrainingJob(TrainingJob):
             for line in log:
                 yield line.rstrip("\n")
 
+    def debug_log_lines(self) -> Iterator[str]:
+        """torchft's output of each replica group (hosts/ft_logs.py), group after group."""
+        for path in debug_logs(self.job_dir):
+            with open(path, encoding="utf-8", errors="replace") as log:
+                for line in log:
+                    yield line.rstrip("\n")
+
     def stop(self) -> None:
         """SIGTERM the supervisor, which ends every host and records the status. If it is gone
         (killed) or does not end, every process still carrying the job's token is ended here
-        and the job is recorded as Stopped: the job is terminal when this returns."""
+        and the job is recorded as Stopped: the job is terminal when this returns. Only the
+        job's owner may stop it (ConfigError for anyone else, before anything is touched)."""
+        self.check_owner("stop")
         pid = self._supervisor_pid()
         with contextlib.suppress(OSError):  # a full disk must not keep the job from stopping
             self.job_dir.stop_request_file.touch()
@@ -200,6 +247,13 @@ class HostTrainingJob(TrainingJob):
             time.sleep(POLL_SECONDS / 4)
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -> dict[str, Any]:
     """A DescribeTrainingJob-shaped view of a local job."""
     model = f"file://{output_location(spec, job_dir) / 'model.tar.gz'}"
@@ -215,6 +269,7 @@ def _description(spec: JobSpec, job_dir: JobDirectory, status: dict[str, Any]) -
         "SecondaryStatus": status.get("SecondaryStatus", "Starting"),
         "SecondaryStatusTransitions": status.get("SecondaryStatusTransitions", []),
         "HyperParameters": spec.container_hyperparameters(f"file://{job_dir.sourcedir_tarball}"),
+        "Environment": dict(spec.environment),  # names only: the values are never recorded
         "AlgorithmSpecification": {"TrainingImage": spec.image_uri or "local-processes",
                                    "TrainingInputMode": spec.input_mode},
         "ResourceConfig": {"InstanceType": spec.instance_type,

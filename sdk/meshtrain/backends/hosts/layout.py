@@ -4,7 +4,6 @@ logs, status."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import Any
 
 from meshtrain.contract.jobspec import JobSpec, write_host_config
 from meshtrain.contract.paths import OptMLPaths
+from meshtrain.contract.private_files import meshtrain_home, write_private_bytes
 
-MESHTRAIN_HOME = "MESHTRAIN_HOME"
 # status.json is padded to this size so that, on a full disk, the final status can still be
 # written over the file's own blocks (JSON allows trailing whitespace).
 STATUS_RESERVE_BYTES = 8192
@@ -22,8 +21,14 @@ READ_RETRIES = 20
 
 def default_jobs_dir() -> Path:
     """`$MESHTRAIN_HOME/jobs`, by default ~/.meshtrain/jobs."""
-    home = os.environ.get(MESHTRAIN_HOME) or Path.home() / ".meshtrain"
-    return Path(home) / "jobs"
+    return meshtrain_home() / "jobs"
+
+
+def source_root(spec: JobSpec) -> str:
+    """The folder on this machine that the job's code dir is a copy of: source_dir, or the
+    script's folder when the script alone was sent (its code dir holds just the script)."""
+    source = Path(spec.source_dir)
+    return str(source.parent if source.is_file() else source)
 
 
 def local_path(uri: str) -> Path:
@@ -119,7 +124,7 @@ class JobDirectory:
         data = (text + " " * max(0, STATUS_RESERVE_BYTES - len(text) - 1) + "\n").encode()
         tmp = self.status_file.with_suffix(".tmp")
         try:
-            tmp.write_bytes(data)
+            write_private_bytes(tmp, data)
             tmp.replace(self.status_file)
         except OSError:
             tmp.unlink(missing_ok=True)

@@ -4,10 +4,11 @@ The lighthouse is torchft's quorum server: every replica group's manager heartbe
 for each step's quorum. It runs torchft's own lighthouse function (what its ``torchft_lighthouse``
 command calls) through lighthouse_entry.py, which skips the import of torch, with this job's
 Python, in a session of its own and with the job's token in its environment, so the job's sweeps
-reach it too. ``--min_replicas`` is ``fault_tolerance.min_replica_groups`` (1 by default:
-survivors keep stepping while a group is down). Its output goes to ``lighthouse.log`` in the job
-directory; a lighthouse that exits or does not say where it listens within
-START_TIMEOUT_SECONDS is an error that carries that log.
+reach it too. Its arguments are the contract's (``lighthouse_arguments``: ``--min_replicas`` is
+``fault_tolerance.min_replica_groups``, 1 by default, so survivors keep stepping while a group is
+down; the join and heartbeat timeouts say why they are what they are). Its output goes to
+``lighthouse.log`` in the job directory; a lighthouse that exits or does not say where it
+listens within START_TIMEOUT_SECONDS is an error that carries that log.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import time
 from pathlib import Path
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.fault_tolerance import FaultTolerance, lighthouse_arguments
+from meshtrain.contract.network import LOOPBACK, url_host
+from meshtrain.contract.private_files import PRIVATE_UMASK
 
 ENTRY_SCRIPT = Path(__file__).with_name("lighthouse_entry.py")
 START_TIMEOUT_SECONDS = 60.0
-JOIN_TIMEOUT_MS = 500
-"""How long a quorum waits for a group that heartbeats but has not asked to join yet (torchft's
-default, 60 s, would stall the survivors for as long as a restarted group spends between
-creating its Manager and its first step: init, transform, the first batch)."""
 STOP_SECONDS = 5.0
 LISTENING = re.compile(r"Lighthouse listening on: https?://\S+?:(\d+)\s*$", re.MULTILINE)
 INSTALL_HINT = ("install torchft 0.2.0 beside meshtrain (pip install 'meshtrain[ft]' or "
@@ -52,25 +52,20 @@ class Lighthouse:
     """One lighthouse process; `address` is what the ranks are told (http://host:port)."""
 
     def __init__(self, log_file: Path, env: dict[str, str] | None = None, *,
-                 bind_host: str = "127.0.0.1", advertise_host: str = "127.0.0.1",
-                 min_replicas: int = 1, heartbeat_timeout_ms: int | None = None) -> None:
+                 bind_host: str = LOOPBACK, advertise_host: str = LOOPBACK,
+                 fault_tolerance: FaultTolerance | None = None) -> None:
         self.log_file = log_file
         self.env = env
         self.bind_host = bind_host
         self.advertise_host = advertise_host
-        self.min_replicas = min_replicas
-        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.fault_tolerance = fault_tolerance or FaultTolerance(replica_groups=2)
         self.proc: subprocess.Popen | None = None
         self.address = ""
 
     def argv(self) -> list[str]:
         # run as a script, not -m: the lighthouse parses the process's own argv after argv[0]
-        argv = [sys.executable, str(ENTRY_SCRIPT), "--min_replicas", str(self.min_replicas),
-                "--bind", f"{self.bind_host}:0",  # port 0: the kernel picks, the log says it
-                "--join_timeout_ms", str(JOIN_TIMEOUT_MS)]
-        if self.heartbeat_timeout_ms:
-            argv += ["--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms)]
-        return argv
+        return [sys.executable, str(ENTRY_SCRIPT), *lighthouse_arguments(self.fault_tolerance),
+                "--bind", f"{url_host(self.bind_host)}:0"]  # port 0: the kernel picks it
 
     def start(self, timeout: float = START_TIMEOUT_SECONDS) -> str:
         """Start it and wait until it listens; return its address. LighthouseError with its
@@ -80,12 +75,12 @@ class Lighthouse:
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, umask=PRIVATE_UMASK)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             port = self._port_from_log()
             if port:
-                self.address = f"http://{self.advertise_host}:{port}"
+                self.address = f"http://{url_host(self.advertise_host)}:{port}"
                 return self.address
             if self.proc.poll() is not None:
                 raise LighthouseError(self._failure(f"exited with code {self.proc.returncode}"))

@@ -19,9 +19,11 @@ from meshtrain.contract.env import MESHTRAIN_FT_REPLICA_GROUP, MESHTRAIN_JOB_TOK
 SWEEP_ROUNDS = 5  # SIGKILL sweeps, for processes a dying parent forked meanwhile
 
 
-def carries_token(pid: int, token: str) -> bool:
-    """True when process `pid` (alive, not a zombie) belongs to the job with this token."""
-    if not token:
+def carries_token(pid: int, token: str, uid: int | None = None) -> bool:
+    """True when process `pid` (alive, not a zombie) belongs to the job with this token: it
+    carries the token and runs as the job's owner (`uid`, by default this process's user), so
+    another user's process that copied a token is never taken for, or signalled as, the job's."""
+    if not token or not _runs_as(pid, os.getuid() if uid is None else uid):
         return False
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
@@ -30,14 +32,28 @@ def carries_token(pid: int, token: str) -> bool:
     return f"{MESHTRAIN_JOB_TOKEN}={token}".encode() in environ.split(b"\0") and _alive(pid)
 
 
-def pids_of_job(token: str) -> list[int]:
-    """Live PIDs (not this process) whose environment carries this job token (Linux /proc)."""
+def _runs_as(pid: int, uid: int) -> bool:
+    """Whether process `pid`'s real and effective uids are both `uid`."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            real, effective = line.split()[1:3]
+            return int(real) == uid and int(effective) == uid
+    return False
+
+
+def pids_of_job(token: str, uid: int | None = None) -> list[int]:
+    """Live PIDs (not this process) of the job's owner (`uid`, by default this process's user)
+    whose environment carries this job token (Linux /proc)."""
     if not token:
         return []
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         pid = int(entry.name)
-        if pid != os.getpid() and carries_token(pid, token):
+        if pid != os.getpid() and carries_token(pid, token, uid):
             found.append(pid)
     return found
 

@@ -11,6 +11,7 @@ the groups meet only through the torchft lighthouse. See docs/fault-tolerance.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshtrain.contract import env as names
 from meshtrain.contract.errors import ConfigError
@@ -65,13 +66,15 @@ class ReplicaGroups:
         return self.groups[group][0]
 
 
-def ft_environment(group: int, fault_tolerance: FaultTolerance,
-                   lighthouse: str) -> dict[str, str]:
+def ft_environment(group: int, fault_tolerance: FaultTolerance, lighthouse: str,
+                   coordination_dir: Path) -> dict[str, str]:
     """What a host of replica group `group` (and every rank under it) is told: its group, the
-    number of groups, the lighthouse, and the option's settings the ranks read."""
+    number of groups, the lighthouse, the folder the groups share, and the option's settings
+    the ranks read."""
     return {names.MESHTRAIN_FT_REPLICA_GROUP: str(group),
             names.MESHTRAIN_FT_REPLICA_GROUPS: str(fault_tolerance.replica_groups),
             names.MESHTRAIN_FT_LIGHTHOUSE: lighthouse,
+            names.MESHTRAIN_FT_COORDINATION_DIR: str(coordination_dir),
             **rank_environment(fault_tolerance)}
 
 

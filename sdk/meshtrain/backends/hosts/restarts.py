@@ -20,12 +20,15 @@ from collections.abc import Iterable
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.contract.jobspec import JobSpec
 
-__all__ = ["STOP_MARGIN_SECONDS", "archive_host_records", "attempt_line",
-           "restart_after_failure"]
+__all__ = ["LOG_PREFIX", "STOPPED_BY_CLIENT", "STOP_MARGIN_SECONDS", "archive_host_records",
+           "attempt_line", "restart_after_failure"]
 
 STOP_MARGIN_SECONDS = 15.0
 """Past the grace period, how long torchrun gets to SIGKILL its ranks and exit on its own."""
 LOG_PREFIX = "[meshtrain] "
+"""What starts every line the supervisors (not the hosts) write into the job log."""
+STOPPED_BY_CLIENT = ("StopRequested: the job was stopped by its client (stop(), Ctrl-C in fit() "
+                     "or `meshtrain stop`)")
 
 
 def attempt_line(attempt: int, total: int, reason: str) -> str:

@@ -17,6 +17,7 @@ hosts' records (meshtrain.contract.failures). See docs/local-jobs.md.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -27,12 +28,18 @@ from collections import deque
 from pathlib import Path
 
 from meshtrain.backends.hosts.artifacts import output_location, package_artifacts
+from meshtrain.backends.hosts.ft_logs import debug_log, is_torchft_debug
 from meshtrain.backends.hosts.ft_run import FaultTolerantRun
 from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
 from meshtrain.backends.hosts.processes import kill_job_processes, stop_groups_gracefully
 from meshtrain.backends.hosts.replica_groups import replica_groups_of
-from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS, restart_after_failure
+from meshtrain.backends.hosts.restarts import (
+    STOP_MARGIN_SECONDS,
+    STOPPED_BY_CLIENT,
+    restart_after_failure,
+)
 from meshtrain.backends.hosts.s3_staging import upload_results
+from meshtrain.contract import env as names
 from meshtrain.contract.failures import (
     HOST_RECORD,
     HOST_STOPPED_EXIT_CODE,
@@ -41,6 +48,7 @@ from meshtrain.contract.failures import (
     pick_root_cause,
     read_host_record,
 )
+from meshtrain.contract.job_environment import scrub
 from meshtrain.contract.jobspec import JobSpec
 
 STOP_GRACE_SECONDS = 10.0  # the last sweep, after the hosts' own grace period
@@ -67,7 +75,7 @@ class HostSupervisor:
 
     def __init__(self, job_dir: JobDirectory) -> None:
         self.job_dir = job_dir
-        self.spec = job_dir.read_spec()
+        self.spec = job_dir.read_spec().with_environment_from(os.environ)  # values restored
         self.token = job_dir.read_token()
         self.hosts: dict[str, subprocess.Popen] = {}
         self.host_extra_env: dict[str, dict[str, str]] = {}  # a replica group's, per host
@@ -118,10 +126,14 @@ class HostSupervisor:
         A log that cannot be written (a full disk) fails the job, but the output is still
         read to the end so that the host never blocks on a full pipe."""
         host_log = self.job_dir.host_log(host)
-        own = merged = None
+        group = self.host_extra_env.get(host, {}).get(names.MESHTRAIN_FT_REPLICA_GROUP)
+        own = merged = debug = None
         try:
             host_log.parent.mkdir(parents=True, exist_ok=True)
             own, merged = open(host_log, "ab"), open(self.job_dir.log_file, "ab")  # noqa: SIM115
+            if group is not None:  # a replica group's host: torchft's lines go aside
+                debug_log(self.job_dir, group).parent.mkdir(parents=True, exist_ok=True)
+                debug = open(debug_log(self.job_dir, group), "ab")  # noqa: SIM115
         except OSError as error:
             self._log_fault(host_log, error)
         for line in iter(proc.stdout.readline, b""):
@@ -129,17 +141,18 @@ class HostSupervisor:
             if own is None or merged is None or self.resource_fault:
                 continue
             prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
+            sink = debug if debug is not None and is_torchft_debug(line) else merged
             target = host_log
             try:
                 own.write(line)
                 own.flush()
                 target = self.job_dir.log_file
                 with self.log_lock:
-                    merged.write(prefixed)
-                    merged.flush()
+                    sink.write(prefixed)
+                    sink.flush()
             except OSError as error:
                 self._log_fault(target, error)
-        for handle in (own, merged):
+        for handle in (own, merged, debug):
             if handle is not None:
                 with contextlib.suppress(OSError):
                     handle.close()
@@ -244,12 +257,12 @@ class HostSupervisor:
 
     def run(self) -> None:
         self.job_dir.write_status(TrainingStartTime=time.time())
-        self.job_dir.add_transition("Training", "Training image download completed. Training in "
-                                                "progress.")
+        self.job_dir.add_transition("Training", TRAINING_MESSAGE)
         deadline = time.monotonic() + self.spec.max_run  # max_run counts every attempt
         if replica_groups_of(self.spec):  # each replica group fails and restarts alone
-            status, reason = FaultTolerantRun(self).run(deadline)
-            finish_job(self.job_dir, self.spec, status, reason)
+            run = FaultTolerantRun(self)
+            status, reason = run.run(deadline)
+            finish_job(self.job_dir, self.spec, status, reason, model_hosts=run.model_hosts())
             return
         attempt = 1
         status, reason = self.run_attempt(attempt, deadline)
@@ -263,25 +276,28 @@ class HostSupervisor:
         finish_job(self.job_dir, self.spec, status, reason)
 
 
-def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | None) -> None:
+def finish_job(job_dir: JobDirectory, spec: JobSpec, status: str, reason: str | None, *,
+               model_hosts: list[str] | None = None) -> None:
     """A host job's end, whatever launched its hosts: pack and upload what it wrote (a failure
-    there fails a completed job), then record the final status and its transition."""
+    there fails a completed job; `model_hosts`: whose model folders, default every host's),
+    then record the final status and its transition."""
     job_dir.add_transition("Uploading", "Uploading generated training model")
-    packing_error = package_artifacts(spec, job_dir) or upload_results(
+    packing_error = package_artifacts(spec, job_dir, model_hosts) or upload_results(
         job_dir.root, spec.job_name, output_location(spec, job_dir),
         checkpoint_folder(spec, job_dir))
     if packing_error:
         status = "Failed" if status == "Completed" else status
         reason = f"{reason}\n{packing_error}" if reason else packing_error
     changes = {"TrainingJobStatus": status, "TrainingEndTime": time.time()}
-    if reason:
-        changes["FailureReason"] = reason[:FAILURE_REASON_LIMIT]
+    if reason:  # a traceback that printed an environment value does not keep it
+        changes["FailureReason"] = scrub(reason, spec.environment)[:FAILURE_REASON_LIMIT]
     job_dir.write_status(**changes)
     job_dir.add_transition(status, _FINAL_MESSAGES[status])
 
 
-STOPPED_BY_CLIENT = ("StopRequested: the job was stopped by its client (stop(), Ctrl-C in fit() "
-                     "or `meshtrain stop`)")
+TRAINING_MESSAGE = "Training in progress."
+"""The Training transition of a job whose hosts run here (SageMaker's says "Training image
+download completed. Training in progress.": these hosts download no image)."""
 
 
 _FINAL_MESSAGES = {

@@ -67,7 +67,7 @@ class KubernetesBackend:
     def render(self, spec: JobSpec) -> list[dict[str, Any]]:
         objects = render_spec(spec, namespace=self.namespace, kind=self.kind,
                               code_in_image=self.code_in_image, target=self.target)
-        objects[0]["data"][SPEC_KEY] = spec.to_json()
+        objects[0]["data"][SPEC_KEY] = spec.to_record_json()  # the record: values masked
         return objects
 
     def validate(self, spec: JobSpec) -> None:

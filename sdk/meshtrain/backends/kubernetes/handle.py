@@ -8,10 +8,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from meshtrain.backends.kubernetes.render import JOB_LABEL
+from meshtrain.backends.kubernetes.pods import JOB_LABEL
 from meshtrain.contract.jobspec import JobSpec
 from meshtrain.display import host_index, make_display
-from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob, reported_interrupt
+from meshtrain.job_layout import layout_of_spec
 from meshtrain.progress import total_steps_from
 
 POLL_SECONDS = 2.0
@@ -58,6 +59,7 @@ class KubernetesTrainingJob(TrainingJob):
         super().__init__(job_name)
         self.namespace, self.kind, self.api_client = namespace, kind, api_client
         self._stopped = False
+        self._layout: dict[str, Any] | None = None
 
     def _apis(self) -> tuple[Any, Any, Any]:
         import kubernetes
@@ -76,7 +78,23 @@ class KubernetesTrainingJob(TrainingJob):
                 return {"TrainingJobName": self.job_name, "TrainingJobStatus": "Stopped",
                         "SecondaryStatus": "Stopped"}
             raise
-        return describe_job(job)
+        layout = self.layout()
+        return {**describe_job(job), "Layout": layout} if layout else describe_job(job)
+
+    def layout(self) -> dict[str, Any] | None:
+        """describe()["Layout"] (meshtrain.job_layout) from the job's JobSpec, read once; None
+        without its ConfigMap (a job applied by hand from other manifests)."""
+        if self._layout is None:
+            client, _, _ = self._apis()
+            try:
+                self._layout = layout_of_spec(self.spec())
+            except client.ApiException as error:
+                if error.status != 404:
+                    raise
+        return self._layout
+
+    def log_location(self) -> str:
+        return f"kubectl logs -n {self.namespace} -l {JOB_LABEL}={self.job_name}"
 
     def _pods(self) -> list[Any]:
         _, core, _ = self._apis()
@@ -107,7 +125,21 @@ class KubernetesTrainingJob(TrainingJob):
 
     def wait(self, logs: bool = True) -> None:
         display = make_display(self.job_name, total_steps=total_steps_from(
-            self.spec().hyperparameters)) if logs else None
+            self.spec().hyperparameters), header=self.start_line()) if logs else None
+        try:
+            description = self._follow(display)
+        except KeyboardInterrupt:
+            if display is not None:
+                display.close()
+            raise reported_interrupt(
+                f"stopped following job {self.job_name}; it keeps running in namespace "
+                f"{self.namespace} (stop it: meshtrain stop {self.job_name}).") from None
+        if display is not None:
+            display.close()
+        self.raise_for_status(description)
+
+    def _follow(self, display: Any) -> dict[str, Any]:
+        """Poll until the job ends, showing new log lines and the status meanwhile."""
         shown = 0
         while True:
             description = self.describe()
@@ -118,11 +150,8 @@ class KubernetesTrainingJob(TrainingJob):
                 shown = len(lines)
                 display.status(description["TrainingJobStatus"])
             if description["TrainingJobStatus"] in TERMINAL_STATUSES:
-                break
+                return description
             time.sleep(POLL_SECONDS)
-        if display is not None:
-            display.close()
-        self.raise_for_status(description)
 
     def stop(self) -> None:
         """Delete the job (its pods go with it) and its ConfigMap."""

@@ -16,19 +16,20 @@ import copy
 from typing import Any
 
 from meshtrain.backends.kubernetes import checks
-from meshtrain.backends.kubernetes.render import PYTORCHJOB_API, _pod_template, labels
+from meshtrain.backends.kubernetes.pods import PYTORCHJOB_API, labels, pod_template
 from meshtrain.contract import env as names
 from meshtrain.contract.errors import ConfigError
-from meshtrain.contract.fault_tolerance import FaultTolerance, rank_environment
+from meshtrain.contract.fault_tolerance import (
+    FaultTolerance,
+    lighthouse_arguments,
+    rank_environment,
+)
 from meshtrain.contract.jobspec import JobSpec
 
 GROUP_LABEL = "meshtrain.io/replica-group"
 COMPONENT_LABEL = "meshtrain.io/component"
 LIGHTHOUSE_PORT = 29510  # torchft's default lighthouse port
 RDZV_PORT = 29400
-JOIN_TIMEOUT_MS = 500
-"""The lighthouse's --join_timeout_ms, as local jobs run it: torchft's default (60 s) stalls the
-surviving groups while a restarted group that already heartbeats is still in init()/transform()."""
 FT_RDZV_KEYS = ("backend", "host", "port")
 
 
@@ -123,8 +124,7 @@ def render_lighthouse(spec: JobSpec, ft: FaultTolerance, *, namespace: str
     # that lighthouse_entry.py skips for local jobs costs a long-lived pod nothing that matters
     container = {
         "name": "lighthouse", "image": spec.image_uri,
-        "command": ["torchft_lighthouse", "--min_replicas", str(ft.min_replica_groups),
-                    "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
+        "command": ["torchft_lighthouse", *lighthouse_arguments(ft),
                     "--bind", f"[::]:{LIGHTHOUSE_PORT}"],
         "env": [{"name": "RUST_LOG", "value": "info"}],
         "ports": [{"name": "lighthouse", "containerPort": LIGHTHOUSE_PORT}],
@@ -153,7 +153,7 @@ def render_fault_tolerant(spec: JobSpec, ft: FaultTolerance, *, namespace: str,
     per_group = spec.instance_count // ft.replica_groups
     checks.check_group_names(spec.job_name, ft.replica_groups, per_group,
                              lighthouse_name(spec.job_name))
-    base = _pod_template(spec, limits, node_type)
+    base = pod_template(spec, limits, node_type)
     jobs = [render_group_job(spec, ft, group, namespace=namespace, processes=processes,
                              base=base, rendezvous=rendezvous)
             for group in range(ft.replica_groups)]

@@ -11,26 +11,33 @@ import os
 import socket
 import sys
 
-from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, source_root
 from meshtrain.backends.hosts.supervisor import HostSupervisor, supervise
 from meshtrain.contract import env as names
+from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.network import LOOPBACK, LOOPBACK_INTERFACE
 from meshtrain.targets import local_gpu_count
 
 
 def free_port() -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
 
 
 def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
                      token: str, attempt: int = 1) -> dict:
     env = dict(os.environ)
+    env.pop(MESHTRAIN_JOB_ENVIRONMENT, None)  # the values themselves follow
     env.update(spec.environment)
     env.update({  # after the user's environment: these must not be overridden
         names.SAGEMAKER_BASE_DIR: str(job_dir.host_paths(host).base),
-        names.MESHTRAIN_MASTER_ADDR: "127.0.0.1",
+        names.MESHTRAIN_MASTER_ADDR: LOOPBACK,
+        # the hosts meet on loopback: gloo's and NCCL's sockets listen there, not on the
+        # interface the machine's name resolves to (contract/network.py)
+        "GLOO_SOCKET_IFNAME": LOOPBACK_INTERFACE,
+        "NCCL_SOCKET_IFNAME": LOOPBACK_INTERFACE,
         names.MESHTRAIN_MASTER_PORT: str(port),
         names.MESHTRAIN_JOB_NAME: spec.job_name,
         names.MESHTRAIN_JOB_TOKEN: token,
@@ -38,6 +45,7 @@ def host_environment(spec: JobSpec, job_dir: JobDirectory, host: str, port: int,
         names.TRAINING_JOB_NAME: spec.job_name,
         names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
         names.MESHTRAIN_ATTEMPT: str(attempt),
+        names.MESHTRAIN_SOURCE_DIR: source_root(spec),
         "PYTHONUNBUFFERED": "1",
     })
     env.setdefault(names.MESHTRAIN_NUM_GPUS, str(local_gpu_count()))  # as the client counted

@@ -21,6 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from meshtrain.backends import BackendUnreachable
+from meshtrain.backends.sagemaker import model_trainer
 from meshtrain.backends.sagemaker.checks import (
     ROLE_ARN,
     check_training_job,
@@ -107,10 +108,28 @@ class SageMakerBackend:
         """Validate, stage the code in S3 and call CreateTrainingJob; return the job's handle."""
         self.validate(spec)
         spec = spec.model_copy(update={"region": self.region})
+        if spec.model_trainer is not None:
+            return self._submit_model_trainer(spec)
         context = self.resolve_context(spec)
         if not spec.source_dir.startswith("s3://"):
             self.upload_source(spec, context)
         request = build_training_request(spec, self.options, context)
+        logger.info("Creating training job %s", spec.job_name)
+        self.client("sagemaker").create_training_job(**request)
+        return self.handle(spec.job_name)
+
+    def _submit_model_trainer(self, spec: JobSpec) -> SageMakerTrainingJob:
+        """SDK v3's staging and request (backends/sagemaker/model_trainer.py)."""
+        bucket = self.ensure_default_bucket()
+        output_path = spec.output_path or model_trainer.default_output_path(spec, bucket)
+        context = RequestContext(
+            region=str(spec.region), role_arn=self.expand_role(str(spec.role)),
+            image_uri=resolve_image_uri(spec, target_of(spec.instance_type, self.target),
+                                        spec.region),
+            output_path=output_path, code_uri="")
+        staging = model_trainer.Staging(self, spec, context.role_arn, bucket, output_path)
+        channels = model_trainer.stage_channels(spec, staging)
+        request = model_trainer.build_request(spec, context, channels, bucket)
         logger.info("Creating training job %s", spec.job_name)
         self.client("sagemaker").create_training_job(**request)
         return self.handle(spec.job_name)

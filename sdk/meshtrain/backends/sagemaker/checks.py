@@ -19,6 +19,7 @@ from meshtrain.contract import hyperparameters as hp
 from meshtrain.contract.degrees import resolve_degrees
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.model_trainer import CODE_CHANNEL, DRIVERS_CHANNEL
 from meshtrain.contract.support import (
     check_fault_tolerance_supported,
     check_restarts_supported,
@@ -40,6 +41,7 @@ SAGEMAKER_STOP_GRACE_SECONDS = 120  # StopTrainingJob: SIGTERM, then SIGKILL 120
 IMAGE_URI_ENV = "MESHTRAIN_IMAGE_URI"
 INPUT_MODES = ("File", "Pipe", "FastFile")
 PLACEHOLDER_ACCOUNT = "0" * 12  # an account id always has 12 digits: lengths stay exact
+MODEL_TRAINER_CHANNELS = (CODE_CHANNEL, DRIVERS_CHANNEL)
 
 
 def check_region(region: str | None) -> str:
@@ -160,15 +162,26 @@ def check_metric_definitions(definitions: list[Any]) -> None:
             raise ConfigError(f"metric {item['Name']!r}: Regex is not valid ({error}).") from None
 
 
+def _check_channels(spec: JobSpec, options: SageMakerOptions) -> None:
+    """Every channel is an S3 URI or a file system SageMaker reaches (a ModelTrainer's local
+    channels are uploaded, and its own channels' names are taken)."""
+    own = MODEL_TRAINER_CHANNELS if spec.model_trainer is not None else ()
+    if len(spec.inputs) + len(own) > MAX_CHANNELS:
+        raise ConfigError(f"{len(spec.inputs)} input channels (+ {len(own)} for the code and "
+                          f"drivers) exceed SageMaker's {MAX_CHANNELS}.")
+    for channel, uri in spec.inputs.items():
+        if channel in own:
+            raise ConfigError(f"input channel {channel!r}: a ModelTrainer job's own channels "
+                              f"are {' and '.join(own)} (its code and drivers). Rename yours.")
+        if is_file_system(spec.input_configs.get(channel)):
+            check_file_system_network(channel, options, spec)
+        elif not (own and uri.startswith("file://") and channel not in spec.input_configs):
+            parse_s3_uri(uri, f"input channel {channel!r}")
+
+
 def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
     """Every data location is an S3 URI SageMaker can use."""
-    if len(spec.inputs) > MAX_CHANNELS:
-        raise ConfigError(f"{len(spec.inputs)} input channels exceed SageMaker's {MAX_CHANNELS}.")
-    for channel, uri in spec.inputs.items():
-        if is_file_system(spec.input_configs.get(channel)):
-            check_file_system_network(channel, options)
-            continue
-        parse_s3_uri(uri, f"input channel {channel!r}")
+    _check_channels(spec, options)
     if options.enable_network_isolation and "code" in spec.inputs:
         raise ConfigError("with enable_network_isolation=True the code travels in an input "
                           "channel named 'code': rename your 'code' channel.")
@@ -187,9 +200,11 @@ def check_locations(spec: JobSpec, options: SageMakerOptions) -> None:
     check_source_location(spec)
 
 
-def check_file_system_network(channel: str, options: SageMakerOptions) -> None:
+def check_file_system_network(channel: str, options: SageMakerOptions,
+                              spec: JobSpec | None = None) -> None:
     """EFS and FSx are reached inside a VPC: the job needs subnets and security groups."""
-    if options.subnets is None:
+    trainer = spec.model_trainer if spec is not None else None
+    if options.subnets is None and not (trainer and "VpcConfig" in trainer.request):
         raise ConfigError(f"input channel {channel!r} is an EFS/FSx file system, which SageMaker "
                           "mounts inside your VPC: pass subnets=[...] and security_group_ids=[...] "
                           "that reach it (the file system's subnet and a group allowing its port).")
@@ -264,6 +279,9 @@ def check_training_job(spec: JobSpec, target: Target, options: SageMakerOptions,
     check_environment(spec.environment)
     check_tags(spec.tags)
     check_metric_definitions(spec.metric_definitions)
+    if spec.model_trainer is not None:  # what reaches SageMaker: the user's and SMP's
+        check_hyperparameters(spec.request_hyperparameters())
+        return
     bucket = options.default_bucket or f"sagemaker-{region}-{PLACEHOLDER_ACCOUNT}"
     submit = submit_directory(options, code_uri_for(spec, options, bucket))
     check_hyperparameters(spec.model_copy(update={"region": region})

@@ -13,7 +13,8 @@ from meshtrain.backends.sagemaker.display import secondary_status_lines, status_
 from meshtrain.backends.sagemaker.logs import CloudWatchLogReader, stream_order
 from meshtrain.contract.hyperparameters import decode_hyperparameters
 from meshtrain.display import make_display
-from meshtrain.job import TERMINAL_STATUSES, TrainingJob
+from meshtrain.job import TERMINAL_STATUSES, TrainingJob, reported_interrupt
+from meshtrain.job_layout import layout_of_description
 from meshtrain.progress import total_steps_from
 
 LOG_TYPES = {True: "All", False: "None", "All": "All", "None": "None", "Training": "All",
@@ -47,10 +48,15 @@ class SageMakerTrainingJob(TrainingJob):
         self.console, self.sleep, self.clock = console, sleep, clock
 
     def describe(self) -> dict[str, Any]:
-        """The DescribeTrainingJob response (without ResponseMetadata)."""
+        """The DescribeTrainingJob response (without ResponseMetadata) and meshtrain's
+        "Layout" (meshtrain.job_layout), read from its HyperParameters and ResourceConfig."""
         response = self.sagemaker_client.describe_training_job(TrainingJobName=self.job_name)
         response.pop("ResponseMetadata", None)
-        return response
+        layout = layout_of_description(response)
+        return {**response, "Layout": layout} if layout else response
+
+    def log_location(self) -> str:
+        return f"CloudWatch log group /aws/sagemaker/TrainingJobs, streams {self.job_name}/*"
 
     def _reader(self, description: dict[str, Any]) -> CloudWatchLogReader:
         count = description.get("ResourceConfig", {}).get("InstanceCount", 1)
@@ -77,14 +83,14 @@ class SageMakerTrainingJob(TrainingJob):
         meshtrain.JobFailedError with SageMaker's FailureReason; a stopped one only says so.
         """
         show_logs = LOG_TYPES.get(logs, "All") == "All"
-        display = make_display(self.job_name, console=self.console)
+        display = make_display(self.job_name, console=self.console, header=self.start_line())
         try:
             description = self._follow(display, show_logs)
         except KeyboardInterrupt:
             display.close()
-            print(f"\nStopped waiting; training job {self.job_name} keeps running on SageMaker. "
-                  "Stop it with job.stop().")
-            raise
+            raise reported_interrupt(
+                f"stopped following training job {self.job_name}; it keeps running on "
+                f"SageMaker (stop it: meshtrain stop {self.job_name}).") from None
         display.close()
         self._print_billing(description)
         self.raise_for_status(description)

@@ -22,6 +22,7 @@ from meshtrain.backends.slurm.script import SlurmOptions, render
 from meshtrain.backends.slurm.submit import BY_HAND, SCRIPT
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.private_files import make_private_dir
 
 if TYPE_CHECKING:
     from meshtrain.targets import Target
@@ -78,14 +79,15 @@ class SlurmBackend(HostBackend):
 
     def _check_jobs_dir(self) -> None:
         if not self.explicit_jobs_dir:
-            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.jobs_dir, parents=True)
         _check_writable_dir(self.jobs_dir, "jobs_dir")
 
     def prepare_job(self, spec: JobSpec, job_dir: JobDirectory, token: str) -> None:
         if replica_groups_of(spec):  # the groups' scripts follow once the lighthouse listens
             write_options(job_dir, self.options)
             return
-        (job_dir.root / SCRIPT).write_text(render(spec, job_dir, token, self.options))
+        (job_dir.root / SCRIPT).write_text(render(spec, job_dir, token, self.options,
+                                                  carry_environment=self.by_hand))
         if self.by_hand:
             (job_dir.root / BY_HAND).touch()
 

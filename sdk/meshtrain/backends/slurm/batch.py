@@ -37,6 +37,7 @@ from meshtrain.backends.hosts.supervisor import (
     ALGORITHM_ERROR,
     FAILURE_REASON_LIMIT,
     STOPPED_BY_CLIENT,
+    TRAINING_MESSAGE,
     finish_job,
 )
 from meshtrain.backends.slurm.commands import (
@@ -49,12 +50,14 @@ from meshtrain.backends.slurm.ft_group import GroupRecords
 from meshtrain.backends.slurm.node import GROUP_HOSTS_ENV
 from meshtrain.backends.slurm.submit import JOB_ID_FILE
 from meshtrain.contract import env as names
+from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.failures import (
     HOST_RECORD,
     format_reason,
     pick_root_cause,
     read_host_record,
 )
+from meshtrain.contract.private_files import PRIVATE_FILE_MODE
 
 REQUEUE = "Requeue"
 NODE_PROBE_SECONDS = 30
@@ -109,6 +112,8 @@ class BatchStep:
     def __init__(self, job_dir: JobDirectory, group: int | None = None) -> None:
         self.job_dir = job_dir
         self.spec = job_dir.read_spec()
+        with contextlib.suppress(ConfigError):  # the values, to keep them out of the reason
+            self.spec = self.spec.with_environment_from(os.environ)  # (each node checks them)
         self.group = GroupRecords.of(job_dir, self.spec, group) if group is not None else None
         self.hosts = list(self.group.hosts) if self.group else list(self.spec.hosts)
         self.stop = threading.Event()
@@ -200,15 +205,14 @@ class BatchStep:
             self.job_dir.add_transition("Training", f"Requeued by Slurm (run {restarts + 1}); "
                                                     "resuming from the checkpoint folder")
         else:
-            self.job_dir.add_transition("Training", "Training image download completed. "
-                                                    "Training in progress.")
+            self.job_dir.add_transition("Training", TRAINING_MESSAGE)
         return status["TrainingStartTime"] + self.spec.max_run
 
     def run(self) -> None:
         deadline = self.begin()
         attempt = 1
         status, reason = self.run_attempt(attempt, deadline)
-        while status == "Failed" and attempt <= self.max_restarts and self.may_restart():
+        while status == "Failed" and self.may_restart(attempt):
             if self.group is not None:  # only this replica group's hosts
                 self.group.restart(attempt, reason or "", self.attempt_ended)
             else:
@@ -234,9 +238,12 @@ class BatchStep:
                                f"{self.spec.max_run}s (across Slurm's requeues)")
         return REQUEUE, None
 
-    def may_restart(self) -> bool:
-        """Not after a stop; in a replica group, not once another group has finished."""
-        return not self.stop.is_set() and (self.group is None or not self.group.peer_done())
+    def may_restart(self, attempt: int) -> bool:
+        """Within max_restarts and not after a stop; a replica group by the coordinator's rule
+        (not once another group has finished)."""
+        if self.group is not None:
+            return self.group.may_restart(attempt, stopping=self.stop.is_set())
+        return attempt <= self.max_restarts and not self.stop.is_set()
 
     def finish(self, status: str, reason: str | None) -> None:
         if self.group is not None:  # the submitting side records the job's end
@@ -245,8 +252,17 @@ class BatchStep:
         finish_job(self.job_dir, self.spec, status, reason)
 
 
+def make_output_private(job_dir: JobDirectory) -> None:
+    """Slurm made the job's output file (slurm-<id>.out) with sbatch's umask, before the
+    script's `umask 077` ran: a script submitted by hand from a umask 022 shell left it 0644."""
+    output = job_dir.root / f"slurm-{os.environ.get('SLURM_JOB_ID', '')}.out"
+    with contextlib.suppress(OSError):
+        output.chmod(PRIVATE_FILE_MODE)
+
+
 def main() -> None:
     group = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    make_output_private(JobDirectory(Path(sys.argv[1])))
     step = BatchStep(JobDirectory(Path(sys.argv[1])), group)
     signal.signal(signal.SIGTERM, step.on_sigterm)
     step.run()

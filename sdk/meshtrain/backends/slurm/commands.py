@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.network import service_address
 
 TIMEOUT_SECONDS = 30
 ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
@@ -132,4 +133,18 @@ def slurmd_started(node: str) -> datetime | None:
     try:
         return datetime.fromisoformat(match.group(1)) if match else None
     except ValueError:  # "None" or "Unknown"
+        return None
+
+
+def address_towards_nodes(partition: str | None) -> str | None:
+    """This host's address on the network the partition's nodes reach it through (the route
+    towards its first node's NodeAddr): what a service the submitting side runs for the job
+    binds to, rather than every interface. None (every interface) where that cannot be told:
+    Slurm does not answer (its sbatch fails next, with Slurm's words), or the node's name
+    resolves to loopback here (contract/network.py)."""
+    try:
+        listed = run_slurm("sinfo", "-h", "-o", "%N", *(["-p", partition] if partition else []))
+        first = expand_nodelist(listed.split()[0])[0]
+        return service_address(node_address(first))
+    except (RuntimeError, OSError, IndexError):
         return None

@@ -13,14 +13,13 @@ import os
 import time
 from dataclasses import dataclass
 
+from meshtrain.backends.hosts.ft_coordinator import may_restart, restart_line
 from meshtrain.backends.hosts.ft_metrics import read_step_records
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.backends.hosts.replica_groups import ReplicaGroups, replica_groups_of
-from meshtrain.backends.hosts.restarts import archive_host_records
+from meshtrain.backends.hosts.restarts import LOG_PREFIX, archive_host_records
 from meshtrain.backends.slurm import groups as records
 from meshtrain.contract.jobspec import JobSpec
-
-LOG_PREFIX = "[meshtrain] "
 
 
 @dataclass(frozen=True)
@@ -62,22 +61,22 @@ class GroupRecords:
         status = self.job_dir.read_status()
         return float(status.get("TrainingStartTime") or time.time()) + self.spec.max_run
 
+    def may_restart(self, attempt: int, *, stopping: bool) -> bool:
+        """The coordinator's rule, for failed `attempt` of this group."""
+        budget = self.spec.distribution_config().torch_distributed.max_restarts
+        return may_restart(attempt - 1, budget, stopping=stopping,
+                           peer_finished=records.any_group_completed(self.job_dir, self.count))
+
     def restart(self, attempt: int, reason: str, failed_at: float) -> None:
         """Record failed `attempt` of this group (its srun ended at `failed_at`) and clear its
         hosts' records."""
-        headline = next((line.strip() for line in reason.splitlines() if line.strip()),
-                        "failed")[:300]
         records.add_event(self.job_dir, self.index, {
             "Attempt": attempt, "FailedAt": failed_at, "RestartedAt": time.time(),
             "FailureReason": reason[:1024]})
-        self.log(f"replica group {self.index} ({', '.join(self.hosts)}) failed: {headline}; "
-                 f"restarting only its hosts (attempt {attempt + 1}); the other groups train on")
+        budget = self.spec.distribution_config().torch_distributed.max_restarts
+        self.log(restart_line(self.index, self.hosts, reason, attempt, budget))
         archive_host_records(self.job_dir, list(self.hosts), attempt)
 
-    def peer_done(self) -> bool:
-        return records.any_group_completed(self.job_dir, self.count)
-
     def finish(self, status: str, reason: str | None) -> None:
+        """The group's end, for the submitting side (which says it in the log, once)."""
         records.write_outcome(self.job_dir, self.index, status, reason)
-        self.log(f"replica group {self.index} {status.lower()}"
-                 + (f": {reason.splitlines()[0][:300]}" if reason else ""))

@@ -17,6 +17,7 @@ from meshtrain.backends.hosts.supervisor import STOPPED_BY_CLIENT
 from meshtrain.backends.slurm import groups as records
 from meshtrain.backends.slurm.commands import ENDED_STATES, job_fields, run_slurm
 from meshtrain.backends.slurm.submit import JOB_ID_FILE
+from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TERMINAL_STATUSES
 
 POLL_SECONDS = 1.0
@@ -75,7 +76,8 @@ class SlurmTrainingJob(HostTrainingJob):
 
     def _record_end_of_dead_supervisor(self) -> dict[str, Any]:
         if self.fault_tolerant:  # its groups and lighthouse must not outlive it
-            self.end_leftover_processes()
+            with contextlib.suppress(ConfigError):  # only its owner ends them
+                self.end_leftover_processes()
             if self.job_dir.stop_request_file.exists():
                 return self._record_end(TrainingJobStatus="Stopped",
                                         FailureReason=STOPPED_BY_CLIENT)
@@ -94,6 +96,7 @@ class SlurmTrainingJob(HostTrainingJob):
             f"recorded an outcome; see {self.job_dir.root}/slurm-{self.slurm_job_id}.out"))
 
     def end_leftover_processes(self) -> int:
+        self.check_owner("stop")
         if self.fault_tolerant:
             self._cancel_groups()
             return super().end_leftover_processes()  # the lighthouse carries the token
@@ -106,7 +109,9 @@ class SlurmTrainingJob(HostTrainingJob):
     def stop(self) -> None:
         """SIGTERM every step of the job (scancel --signal=TERM --full): the batch step stops
         the ranks with their grace period and records Stopped; after the grace period and a
-        margin, scancel ends what is left. The job is terminal when this returns."""
+        margin, scancel ends what is left. The job is terminal when this returns. Only its
+        owner may stop it."""
+        self.check_owner("stop")
         if self.fault_tolerant:  # its submitting process scancels the groups, records Stopped
             super().stop()
             self._cancel_groups()

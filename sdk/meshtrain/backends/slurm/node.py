@@ -18,9 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder
+from meshtrain.backends.hosts.ft_logs import debug_log, is_torchft_debug
+from meshtrain.backends.hosts.layout import JobDirectory, checkpoint_folder, source_root
 from meshtrain.backends.slurm.commands import expand_nodelist, node_address
 from meshtrain.contract import env as names
+from meshtrain.contract.errors import ConfigError
+from meshtrain.contract.failures import HOST_RECORD, RankFailure, write_host_record
+from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
 
 RENDEZVOUS_WAIT_SECONDS = 120
 GROUP_HOSTS_ENV = "MESHTRAIN_SLURM_HOSTS"
@@ -56,8 +60,9 @@ def rendezvous(job_dir: JobDirectory, node_id: int) -> tuple[str, int]:
 
 
 def host_environment(job_dir: JobDirectory, host: str, addr: str, port: int) -> dict[str, str]:
-    spec = job_dir.read_spec()
+    spec = job_dir.read_spec().with_environment_from(os.environ)  # values: sbatch's environment
     env = dict(os.environ)
+    env.pop(MESHTRAIN_JOB_ENVIRONMENT, None)  # the values themselves follow
     env.update(spec.environment)
     env.update({  # after the user's environment: these must not be overridden
         names.SAGEMAKER_BASE_DIR: str(job_dir.host_paths(host).base),
@@ -67,21 +72,28 @@ def host_environment(job_dir: JobDirectory, host: str, addr: str, port: int) -> 
         names.TRAINING_JOB_NAME: spec.job_name,
         names.SM_CHECKPOINT_DIR: str(checkpoint_folder(spec, job_dir)),
         names.MESHTRAIN_ATTEMPT: os.environ.get("MESHTRAIN_ATTEMPT", "1"),
+        names.MESHTRAIN_SOURCE_DIR: source_root(spec),
         "PYTHONUNBUFFERED": "1",
     })
     return env
 
 
 def copy_output(proc: subprocess.Popen, job_dir: JobDirectory, host: str) -> None:
-    """The host's output into its own log and the merged job log (lines appended whole)."""
+    """The host's output into its own log and the merged job log (lines appended whole); a
+    replica group's torchft lines into the group's debug file instead (hosts/ft_logs.py)."""
     job_dir.host_log(host).parent.mkdir(parents=True, exist_ok=True)
-    with open(job_dir.host_log(host), "ab") as own, open(job_dir.log_file, "ab") as merged:
+    group = os.environ.get(names.MESHTRAIN_FT_REPLICA_GROUP)
+    debug_path = debug_log(job_dir, group) if group is not None else os.devnull
+    Path(debug_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(job_dir.host_log(host), "ab") as own, open(job_dir.log_file, "ab") as merged, \
+            open(debug_path, "ab") as debug:
         for line in iter(proc.stdout.readline, b""):
             own.write(line)
             own.flush()
             prefixed = line if line.startswith(b"[algo-") else f"[{host}] ".encode() + line
-            merged.write(prefixed)
-            merged.flush()
+            sink = debug if group is not None and is_torchft_debug(line) else merged
+            sink.write(prefixed)
+            sink.flush()
 
 
 def main() -> int:
@@ -95,14 +107,25 @@ def main() -> int:
     (job_dir.root / "nodes" / host).write_text(node)
     addr, port = rendezvous(job_dir, node_id)
     job_dir.host_work_dir(host).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", names.BOOTSTRAP_MODULE],
-                            env=host_environment(job_dir, host, addr, port),
+    try:
+        env = host_environment(job_dir, host, addr, port)
+    except ConfigError as error:  # the environment's values did not reach this node
+        return record_host_failure(job_dir, host, f"ClientError: {error}")
+    proc = subprocess.Popen([sys.executable, "-m", names.BOOTSTRAP_MODULE], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     # srun's SIGTERM (scancel, --time) goes on to the bootstrap, which passes it to the ranks
     signal.signal(signal.SIGTERM, lambda *_: _forward(proc, signal.SIGTERM))
     copy_output(proc, job_dir, host)
     return proc.wait()
+
+
+def record_host_failure(job_dir: JobDirectory, host: str, message: str) -> int:
+    """A host that could not start: its failure record (the job's FailureReason names it);
+    the exit code 1."""
+    failure = RankFailure(host, None, time.time(), "host", message)
+    write_host_record(job_dir.host_work_dir(host) / HOST_RECORD, host, 1, [failure])
+    return 1
 
 
 def _forward(proc: subprocess.Popen, sig: int) -> None:

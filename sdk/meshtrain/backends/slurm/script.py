@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 
 from meshtrain.backends.hosts.layout import JobDirectory
 from meshtrain.contract import env as names
+from meshtrain.contract import job_environment
+from meshtrain.contract.job_environment import MESHTRAIN_JOB_ENVIRONMENT
 from meshtrain.contract.jobspec import JobSpec
+from meshtrain.contract.private_files import PRIVATE_UMASK
+
+PRIVATE_FILES_LINE = f"umask {PRIVATE_UMASK:03o}  # the job's files are its owner's alone"
 
 
 @dataclass(frozen=True)
@@ -47,13 +52,19 @@ def directives(spec: JobSpec, job_dir: JobDirectory, options: SlurmOptions) -> l
     return [f"#SBATCH {flag}" for flag in flags]
 
 
-def render(spec: JobSpec, job_dir: JobDirectory, token: str, options: SlurmOptions) -> str:
-    """The whole sbatch script of the job whose directory is `job_dir`."""
+def render(spec: JobSpec, job_dir: JobDirectory, token: str, options: SlurmOptions,
+           carry_environment: bool = False) -> str:
+    """The whole sbatch script of the job whose directory is `job_dir`. The environment's
+    values reach the job through sbatch's own environment (its default --export=ALL); a script
+    rendered for sbatch by hand (`carry_environment`) carries them itself."""
     exports = {names.MESHTRAIN_JOB_NAME: spec.job_name, names.MESHTRAIN_JOB_TOKEN: token,
                names.MESHTRAIN_NUM_GPUS: str(options.gpus_per_node)}
+    if carry_environment:
+        exports[MESHTRAIN_JOB_ENVIRONMENT] = job_environment.encode(spec.environment)
     lines = ["#!/bin/bash", *directives(spec, job_dir, options),
              f"# meshtrain job {spec.job_name}: {spec.instance_count} node(s), hosts "
              f"{', '.join(spec.hosts)} in node order; see {job_dir.root}",
+             PRIVATE_FILES_LINE,
              *[f"export {key}={shlex.quote(value)}" for key, value in exports.items()],
              f"exec {shlex.quote(sys.executable)} -m meshtrain.backends.slurm.batch "
              f"{shlex.quote(str(job_dir.root))}"]
@@ -78,6 +89,7 @@ def render_group(spec: JobSpec, job_dir: JobDirectory, token: str, options: Slur
              f"#SBATCH --nodes={len(hosts)}", *flags,
              f"# meshtrain job {spec.job_name}, replica group {group}: hosts {', '.join(hosts)} "
              f"in node order; see {job_dir.root}",
+             PRIVATE_FILES_LINE,
              *[f"export {key}={shlex.quote(value)}" for key, value in exports.items()],
              f"exec {shlex.quote(sys.executable)} -m meshtrain.backends.slurm.batch "
              f"{shlex.quote(str(job_dir.root))} {group}"]

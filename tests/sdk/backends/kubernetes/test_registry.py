@@ -41,13 +41,15 @@ def test_a_finished_kubernetes_job_by_name(server, estimator, kubeconfig, no_aws
     assert main(["status", "k8s-done", *flags]) == 0
     assert json.loads(capsys.readouterr().out)["TrainingJobStatus"] == "Completed"
     assert main(["describe", "k8s-done", *flags]) == 0
-    assert "Status:    Completed (Succeeded)" in capsys.readouterr().out.splitlines()
+    view = capsys.readouterr().out.splitlines()
+    assert "Status:    Completed (Succeeded)" in view
+    assert any(line.startswith("Script:    ") for line in view)  # from the spec in its ConfigMap
     assert main(["logs", "k8s-done", "-f", *flags]) == 0
     assert capsys.readouterr().out.splitlines() == ["[algo-1 rank 0] hello from a pod",
                                                     "===== Job Completed ====="]
     assert main(["list", "--kubernetes", *flags]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert rows[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "REASON"]
+    assert rows[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "SCRIPT", "REASON"]
     assert rows[1].split()[:2] == ["k8s-done", "Completed"]
     assert main(["stop", "k8s-done", *flags]) == 0
     assert "already ended (Completed)" in capsys.readouterr().out

@@ -26,8 +26,9 @@ def test_list_sagemaker_shows_remote_jobs_newest_first(aws, source, capsys, tmp_
     aws.requests.clear()
     assert main(["list", "--sagemaker"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "REASON"]
+    assert lines[0].split() == ["NAME", "STATUS", "CREATED", "DURATION", "SCRIPT", "REASON"]
     assert [line.split()[0] for line in lines[1:]] == ["newer-job", "older-job"]
+    assert all(line.split()[-1] == "-" for line in lines[1:])  # a listing carries no script
     jobs = sagemaker_backend().training_jobs
     assert all(line.split()[1] == jobs[line.split()[0]].training_job_status
                for line in lines[1:])

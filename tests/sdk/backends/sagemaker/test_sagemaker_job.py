@@ -114,6 +114,9 @@ def test_wait_prints_transitions_and_both_hosts_logs_in_time_order(aws, source, 
                                                  line)]
     assert len(ran) == 1, lines
     assert [line for line in lines if line not in ran] == [
+        "[meshtrain] job follow-me · logs: meshtrain logs follow-me -f (CloudWatch log group "
+        "/aws/sagemaker/TrainingJobs, streams follow-me/*) · stop: meshtrain stop follow-me "
+        "(Ctrl-C only stops following it)",
         "2026-01-02 03:04:05 Starting - Launching requested ML instances",
         "2026-01-02 03:05:00 Downloading - Downloading the training image",
         "2026-01-02 03:05:00 Training - Training image download completed. Training in progress.",

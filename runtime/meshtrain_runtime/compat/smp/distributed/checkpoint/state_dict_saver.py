@@ -8,7 +8,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from meshtrain_runtime.checkpoint import marker_record, write_marker
+from meshtrain_runtime.checkpoint.sharded import marker_record, write_marker
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     check_local,
     group_coordinator,

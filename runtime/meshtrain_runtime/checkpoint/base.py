@@ -1,4 +1,4 @@
-"""What sharded checkpoints (checkpoint.py) and the full export (checkpoint_export.py) share: the
+"""What sharded checkpoints (sharded.py) and the full export (full_export.py) share: the
 rule for where checkpoints may be written, and rank/world-size/barrier helpers that also work in
 a process without a process group."""
 

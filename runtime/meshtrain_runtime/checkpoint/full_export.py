@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
-from meshtrain_runtime.checkpoint_base import PathLike, barrier, check_local_path, rank
+from meshtrain_runtime.checkpoint.base import PathLike, barrier, check_local_path, rank
 from meshtrain_runtime.parallel.pipeline import PipelineModule
 
 

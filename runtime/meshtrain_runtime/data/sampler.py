@@ -1,4 +1,9 @@
-"""Shard data by the data-parallel coordinates (``state.dp_rank`` / ``state.dp_size``).
+"""Per-rank helpers for a script's own Dataset and DataLoader: shard by the data-parallel
+coordinates (``state.dp_rank`` / ``state.dp_size``).
+
+They keep no position: a script that uses them chooses its rows itself and must skip what it
+read before a resume (``meshtrain_runtime.data.loader`` keeps one global cursor, resumes on any
+layout and follows fault-tolerant steps; prefer it for new scripts).
 
 Tensor-parallel (and context-parallel) ranks of one data-parallel rank must see the same batch,
 so data is split over ``dp_size``, never over ``world_size``. Sharding is torch's

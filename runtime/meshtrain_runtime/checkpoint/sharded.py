@@ -27,6 +27,8 @@ import json
 import os
 import re
 import shutil
+import time
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,14 +48,15 @@ from torch.distributed.checkpoint.state_dict import (
 from meshtrain.contract.env import SM_CHECKPOINT_DIR
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.paths import DEFAULT_CHECKPOINT_DIR
-from meshtrain_runtime.checkpoint_base import (
+from meshtrain_runtime import fault
+from meshtrain_runtime.checkpoint.base import (
     PathLike,
     barrier,
     check_local_path,
     rank,
     world_size,
 )
-from meshtrain_runtime.checkpoint_rng import restore_rng_states, save_rng_states
+from meshtrain_runtime.checkpoint.rng import restore_rng_states, save_rng_states
 from meshtrain_runtime.parallel.pipeline import PipelineModule
 
 MARKER_NAME = "meshtrain-checkpoint.json"
@@ -80,6 +83,7 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     async_: bool = False,
     keep_last: int | None = None,
+    loader: Any = None,
 ) -> Path | PendingCheckpoint:
     """Save `model` (and `optimizer`) as a sharded DCP checkpoint; call on every rank.
 
@@ -94,16 +98,26 @@ def save_checkpoint(
       an earlier one to finish.
     - `keep_last`: once this save completes, delete all but the newest `keep_last` completed
       ``step_<n>`` directories under `path` (and interrupted ones older than this step).
+    - `loader`: a ``meshtrain_runtime.data.loader``; its position (global, the same on every
+      rank) is stored in the marker, and ``load_checkpoint(..., loader=...)`` continues from it
+      on any layout.
 
     A model with a Hugging Face ``config`` gets its ``config.json`` beside the files, so that
-    ``meshtrain export CHECKPOINT --hf OUT`` (``meshtrain_runtime.export.export_to_hf``)
+    ``meshtrain export CHECKPOINT --hf OUT`` (``meshtrain_runtime.checkpoint.export.export_to_hf``)
     needs nothing else. Returns the directory written (sync), or the pending save. Saving again
     into a completed directory first removes its marker, so a crash mid-save never leaves an old
     marker over new, partial files.
     """
     wait_for_pending_save()
+    started = time.monotonic()
     target = _resolve_save_dir(path, step)
+    if not fault.writes_checkpoint():  # replica groups: another group's ranks write this step
+        return target if not async_ else PendingCheckpoint(target, _done(), lambda: None)
     record = marker_record(step, extra, optimizer is not None)
+    if loader is not None:
+        record["loader"] = loader.state_dict()
+    if fault.session() is not None:  # replica groups resume the job's committed steps
+        record["fault_tolerance"] = fault.checkpoint_record()
     flat = isinstance(model, PipelineModule)  # see _training_state
     if flat:
         record["flat_optimizer"] = True
@@ -117,7 +131,8 @@ def save_checkpoint(
     save_rng_states(target, rank())
     # overwrite=True said explicitly: re-saving a step replaces it (its marker is gone already)
     writer = dcp.FileSystemWriter(str(target), overwrite=True)
-    state = _training_state(model, optimizer, flat=flat)
+    with fault.outside_training():  # torch may step the optimizer to create its state
+        state = _training_state(model, optimizer, flat=flat)
     complete = partial(_complete, target, record, root, keep_last)
     if async_:
         global _pending
@@ -128,6 +143,7 @@ def save_checkpoint(
     barrier()  # every rank's files are on disk before the marker says so
     complete()
     barrier()
+    fault.note_checkpoint("write", time.monotonic() - started, step)
     return target
 
 
@@ -202,6 +218,13 @@ def prune_checkpoints(root: PathLike, keep_last: int, *, newest: int | None = No
     return doomed
 
 
+def _done() -> Future:
+    """A future that is already done: the save of a replica group that does not write."""
+    future: Future = Future()
+    future.set_result(None)
+    return future
+
+
 def _check_keep_last(keep_last: int | None, step: int | None) -> None:
     if keep_last is None:
         return
@@ -217,17 +240,23 @@ def load_checkpoint(
     path: PathLike | None,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loader: Any = None,
 ) -> dict[str, Any]:
-    """Load a checkpoint into `model` (and `optimizer`) on any layout; call on every rank.
+    """Load a checkpoint into `model` (and `optimizer`, `loader`) on any layout; every rank.
 
     `path` is a directory `save_checkpoint` completed, or a root of step directories (the latest
     completed one is loaded); None = `default_checkpoint_dir()`. Transform the model and create
     the optimizer first: the checkpoint fills their (sharded) tensors in place.
+    `loader` (a ``meshtrain_runtime.data.loader`` of the same data) continues from the saved
+    position, so its next batch is the one the uninterrupted run reads; it is checked first,
+    so a changed source, tokenizer or seq_len is a ConfigError before any tensor is read.
     Returns ``{"step": int | None, "extra": dict, "path": str, "rng_restored": bool}``: each
     rank's RNG states come back when the world size is the one that saved. An asynchronous save
     still in flight is finished first.
     """
     wait_for_pending_save()
+    started = time.monotonic()
     target, record = _broadcast_from_rank0(_find_loadable, path)
     if isinstance(record, str):  # rank 0 found a problem: every rank raises the same error
         raise ConfigError(record)
@@ -237,15 +266,20 @@ def load_checkpoint(
             "optimizer state to load. Load the model only (optimizer=None) or save with the "
             "optimizer."
         )
+    if loader is not None:
+        _restore_loader(loader, target, record)
     flat = bool(record.get("flat_optimizer"))
-    state = _training_state(model, optimizer, flat=flat)
-    dcp.load(state, checkpoint_id=str(target))
-    if optimizer is None:
-        set_model_state_dict(model, state["model"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    with fault.outside_training():  # torch may step the optimizer to create its state
+        state = _training_state(model, optimizer, flat=flat)
+        dcp.load(state, checkpoint_id=str(target))
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    fault.resume(record.get("fault_tolerance"))  # replica groups go on from its steps
+    fault.note_checkpoint("load", time.monotonic() - started, record["step"])
     same_world = record.get("world_size") == world_size()
     restored = same_world and restore_rng_states(target, rank())
     return {"step": record["step"], "extra": record["extra"], "path": str(target),
@@ -274,6 +308,15 @@ def latest_checkpoint(directory: PathLike | None = None) -> Path | None:
 
 
 # --- helpers ---
+
+
+def _restore_loader(loader: Any, target: Path, record: dict[str, Any]) -> None:
+    if "loader" not in record:
+        raise ConfigError(
+            f"{target} was saved without a loader, so load_checkpoint(loader=...) has no "
+            "position to continue from. Save with save_checkpoint(..., loader=loader), or load "
+            "without loader= and choose the rows yourself.")
+    loader.load_state_dict(record["loader"])
 
 
 def _keep_hf_config(model: nn.Module, target: Path) -> None:
@@ -380,12 +423,3 @@ __all__ = [
     "wait_for_pending_save",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # export_full_state_dict lives in checkpoint_export (it needs torch's full-state-dict
-    # machinery, loaded on first use); it stays importable from here, where the docs put it.
-    if name == "export_full_state_dict":
-        from meshtrain_runtime.checkpoint_export import export_full_state_dict
-
-        return export_full_state_dict
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,4 @@
-"""Drop-in names for a SageMaker Python SDK notebook: change one import line.
-
-```python
-# from sagemaker.pytorch import PyTorch
-# from sagemaker.inputs import TrainingInput, FileSystemInput
-from meshtrain.sagemaker import PyTorch, TrainingInput, FileSystemInput
-```
+"""SDK v2's names: `sagemaker.pytorch.PyTorch` and `sagemaker.inputs`' channel objects.
 
 `PyTorch` is `meshtrain.Estimator` under the SDK's name. `TrainingInput`, `FileSystemInput`
 and `ShuffleConfig` build the same ``config`` dict as SDK v2 (``sagemaker/inputs.py``), checked

@@ -3,7 +3,8 @@
 Dropout masks, data shuffles and random initialisations differ per rank, so each rank keeps its
 own file (``<checkpoint>/rng/rank_00003.pt``). They are restored only when the resuming job has
 the same world size: on another layout rank r is not the same worker, and its old stream would
-be a misleading copy (the data order comes from the step in ``extra`` there).
+be a misleading copy (the data order comes from the loader's saved position there, or the step
+in ``extra``).
 """
 
 from __future__ import annotations

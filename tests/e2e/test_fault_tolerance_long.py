@@ -1,0 +1,205 @@
+"""Issue 42's acceptance at length, through the Estimator, with scripts/ft_step_train.py (a loop by
+the job's step, ``fault.step_to_run()``): 2 hosts x 2 processes, hybrid 2, 2 replica groups, the
+lead example's distribution (no max_restarts).
+
+- A 600-step job with one failure (one rank of group 1 SIGKILLed at step 50), while a second
+  2-process job (scripts/busy_pair.py) keeps the cores busy beside it: group 1 rejoins within
+  60 s, the job commits exactly 600 steps, and torchft's lines are at most 5 % of its log.
+- A job that loses every group (every rank SIGKILLed after its checkpoint of step 10 and 15
+  committed steps) resumes from that coordinated checkpoint: each step's checkpoint was written
+  by one group, both groups restart by themselves and begin again together at its step, and
+  every logged loss is the uninterrupted one-process run's within 1e-5.
+
+Nothing holds, delays or orders a restart; the checks read the jobs' own records.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ci_guards import import_or_skip
+from ft_jobs import rank_of_group, wait_for
+
+from meshtrain import Estimator
+from meshtrain.backends.hosts.processes import pids_of_job, rank_pids_of_job
+
+torch = import_or_skip("torch")
+import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure under CI
+
+SCRIPTS = Path(__file__).parent / "scripts"
+_spec = importlib.util.spec_from_file_location("ft_step_train", SCRIPTS / "ft_step_train.py")
+script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(script)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
+SHARD, GROUPS = 2, 2
+DISTRIBUTION = {
+    "torch_distributed": {"enabled": True, "processes_per_host": SHARD,
+                          "fault_tolerance": {"replica_groups": GROUPS}},
+    "smdistributed": {"modelparallel": {"enabled": True,
+                                        "parameters": {"hybrid_shard_degree": SHARD}}},
+}
+LONG_STEPS, KILL_AT_STEP, BESIDE_REJOIN_BOUND = 600, 50, 60.0
+RESUME_STEPS, CHECKPOINT_EVERY, LOSE_ALL_AFTER = 40, 10, 15
+
+
+def _records(job: Any, group: int) -> list[dict[str, Any]]:
+    path = (job.job_dir.host_paths(f"algo-{group + 1}").output_data_dir / "fault_tolerance"
+            / f"replica-{group}.jsonl")
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _job(home: Path, name: str, steps: int, **hyperparameters: Any) -> Any:
+    return Estimator("ft_step_train.py", source_dir=str(SCRIPTS), instance_count=2,
+                     jobs_dir=str(home / "jobs"), distribution=DISTRIBUTION, max_run=900,
+                     hyperparameters={"total-steps": steps, **hyperparameters},
+                     environment={"OMP_NUM_THREADS": "1"}).fit(wait=False, job_name=name)
+
+
+# --- 600 steps, one failure, a second job beside it ----------------------------------------
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory) -> dict[str, Any]:
+    home = tmp_path_factory.mktemp("ft_long")
+    stop = home / "busy-stop"
+    beside = Estimator("busy_pair.py", source_dir=str(SCRIPTS), jobs_dir=str(home / "jobs"),
+                       distribution={"torch_distributed": {"enabled": True,
+                                                           "processes_per_host": 2}},
+                       environment={"BUSY_STOP": str(stop), "OMP_NUM_THREADS": "1"},
+                       max_run=900).fit(wait=False, job_name="beside")
+    job = _job(home, "ft-long", LONG_STEPS, delay=0.12)  # 550 steps after the kill: > 60 s
+    try:
+        wait_for(f"group 1 to commit {KILL_AT_STEP} steps", lambda: sum(
+            r["committed"] for r in _records(job, 1)) >= KILL_AT_STEP, job)
+        assert beside.job_dir.read_status()["TrainingJobStatus"] == "InProgress"
+        pid = rank_of_group(job.token, 1, 1)
+        assert pid is not None, "no rank 1 of replica group 1 among the job's processes"
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        job.wait(logs=False)
+    finally:
+        if job.job_dir.read_status()["TrainingJobStatus"] == "InProgress":
+            job.stop()
+        stop.touch()  # the job beside ends at its next check
+        beside.wait(logs=False)
+    return {"job": job, "beside": beside, "killed_at": killed_at}
+
+
+def test_a_600_step_job_with_one_failure_commits_600_steps(long_run):
+    job = long_run["job"]
+    description = job.describe()
+    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
+    figures = description["FaultTolerance"]
+    assert figures["CommittedSteps"] == LONG_STEPS
+    assert len(figures["Recoveries"]) == 1 and figures["Recoveries"][0]["Rejoined"]
+    assert pids_of_job(job.token) == [] and pids_of_job(long_run["beside"].token) == []
+
+
+def test_beside_a_second_job_the_killed_group_rejoins_within_60_s(long_run):
+    job, killed_at = long_run["job"], long_run["killed_at"]
+    back = [r["time"] for r in _records(job, 1)
+            if r["committed"] and r["time"] > killed_at and 1 in r["participants"]]
+    assert back and min(back) - killed_at <= BESIDE_REJOIN_BOUND, back[:1]
+    beside = long_run["beside"].job_dir.read_status()
+    assert beside["TrainingStartTime"] < killed_at  # it ran through the failure
+
+
+def test_torchft_lines_are_at_most_5_percent_of_the_job_log(long_run):
+    job = long_run["job"]
+    log = job.job_dir.log_file.read_text().splitlines()
+    torchft = [line for line in log if "torchft" in line or "GET /checkpoint" in line]
+    assert len(torchft) <= 0.05 * len(log), (len(torchft), len(log))
+    debug = list(job.debug_log_lines())
+    assert len(debug) > LONG_STEPS  # torchft's INFO lines are kept, in the debug files
+    events = [line for line in log if line.startswith("[meshtrain] replica group")]
+    assert any("failed" in line and "restarting only its hosts" in line for line in events)
+
+
+# --- every group lost, resumed from the coordinated checkpoint -------------------------------
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> Any:
+    home = tmp_path_factory.mktemp("ft_resume")
+    job = _job(home, "ft-resume", RESUME_STEPS, delay=0.1,
+               **{"checkpoint-every": CHECKPOINT_EVERY})
+    marker = job.job_dir.root / "checkpoints" / f"step_{CHECKPOINT_EVERY:08d}" / (
+        "meshtrain-checkpoint.json")
+    try:
+        wait_for("a checkpoint and 15 committed steps", lambda: marker.exists() and sum(
+            r["committed"] for r in _records(job, 0)) >= LOSE_ALL_AFTER, job)
+        for pid in rank_pids_of_job(job.token):  # every rank of every group
+            os.kill(pid, signal.SIGKILL)
+        job.wait(logs=False)
+    finally:
+        if job.job_dir.read_status()["TrainingJobStatus"] == "InProgress":
+            job.stop()
+    return job
+
+
+def test_a_job_that_lost_every_group_completes_from_its_checkpoint(resumed):
+    description = resumed.describe()
+    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
+    events = description["FaultTolerance"]["Recoveries"]
+    assert sorted(e["ReplicaGroup"] for e in events) == [0, 1]
+    assert all(e["RestartedAt"] for e in events)  # the default budget restarted both
+
+
+def test_each_checkpoint_was_written_by_one_group(resumed):
+    writes: dict[int, set[int]] = {}
+    for host in ("algo-1", "algo-2"):
+        folder = resumed.job_dir.host_paths(host).output_data_dir / "fault_tolerance"
+        for path in folder.glob("checkpoints-*.jsonl"):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record["kind"] == "write":
+                    writes.setdefault(record["step"], set()).add(record["replica_group"])
+    assert sorted(writes) == list(range(CHECKPOINT_EVERY, RESUME_STEPS + 1, CHECKPOINT_EVERY))
+    assert all(len(groups) == 1 for groups in writes.values()), writes
+    steps = sorted(p.name for p in (resumed.job_dir.root / "checkpoints").iterdir())
+    assert steps == [f"step_{s:08d}" for s in sorted(writes)]
+
+
+def test_both_groups_began_again_together_at_the_checkpoints_step(resumed):
+    restarted = max(e["RestartedAt"] for e in resumed.job_dir.read_status()[
+        "FaultToleranceEvents"])
+    for group in range(GROUPS):
+        after = [r for r in _records(resumed, group) if r["time"] > restarted]
+        first = min(after, key=lambda r: r["time"])
+        assert first["step"] % CHECKPOINT_EVERY == 0 and first["step"] >= CHECKPOINT_EVERY
+        assert first["participants"] == [0, 1] and not first["healed"]
+
+
+def test_every_loss_is_the_uninterrupted_runs(resumed):
+    """Every step of every attempt had both groups: one process running the steps in order,
+    each on both groups' rows, gives each logged loss within 1e-5 (a redone step again)."""
+    logged = [r for g in range(GROUPS) for r in _records(resumed, g) if r["committed"]]
+    assert all(r["participants"] == [0, 1] for r in logged)
+    torch.manual_seed(script.INIT_SEED)
+    model = script.Tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=script.LR)
+    expected: dict[tuple[int, int], float] = {}
+    for step in range(RESUME_STEPS):
+        xs, ys = [], []
+        for group in range(GROUPS):
+            rows = [script.batch(group * SHARD + s, step) for s in range(SHARD)]
+            x, y = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+            with torch.no_grad():
+                expected[(step, group)] = torch.nn.functional.mse_loss(model(x), y).item()
+            xs.append(x)
+            ys.append(y)
+        torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    worst = max(abs(r["loss"] - expected[(r["step"], r["replica_group"])]) for r in logged)
+    assert worst <= 1e-5, worst
+    redone = {r["step"] for r in logged if r["step"] >= CHECKPOINT_EVERY}
+    assert len([r for r in logged if r["step"] in redone]) > len(redone) * GROUPS
