@@ -37,7 +37,7 @@ EXTRAS = "runtime,hf,dev"  # what README's test command installs
 TORCH_FLOOR_PACKAGES = ("torch", "torchao")  # torchao's releases are made for torch releases
 SHOWN = ("torch", "transformers", "torchao", "torchft", "numpy", "pydantic", "boto3",
          "kubernetes", "huggingface-hub", "accelerate", "safetensors", "pytest", "pytest-xdist",
-         "hypothesis", "moto", "sagemaker", "tensorboard", "rich")
+         "hypothesis", "moto", "sagemaker", "tensorboard", "rich", "datasets")
 
 
 @dataclass(frozen=True)

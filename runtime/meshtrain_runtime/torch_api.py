@@ -6,8 +6,9 @@ exists only from torch 2.13. The runtime calls the names here instead of a priva
 (tests/test_private_torch_api.py fails on a private torch name anywhere else in the runtime).
 tests/runtime/test_torch_api.py holds a test per entry, on the installed torch, that fails when
 the API's behaviour changes; CI's version tier (.ci/versions.py) runs it on every torch in
-`TESTED_TORCH_VERSIONS`. Where a release inside that set changed an API, the entry takes a path
-that works on all of them and says why.
+`TESTED_TORCH_VERSIONS`. Where a release changed an API, the entry takes a path that works on
+the releases before and after the change and says why (a user whose environment holds an older
+torch than pyproject's floor gets `untested_torch_message` and as much as still works).
 
 Not listed: ``nn.Module``'s registration dicts (``_parameters``, ``_buffers``, ``_modules``),
 which torch documents as the way around ``__setattr__`` and has kept since 1.0.
