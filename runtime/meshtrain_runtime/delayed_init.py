@@ -31,11 +31,11 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain_runtime.parallel.expert import expert_parallel_modules
+from meshtrain_runtime.torch_api import local_shape_and_offset
 
 InitFn = Callable[[nn.Module], None]
 
@@ -124,9 +124,7 @@ def zero_row(weight: torch.Tensor, row: int) -> None:
             weight[row].zero_()
             return
         local = weight.to_local()
-        shape, offset = compute_local_shape_and_global_offset(
-            weight.shape, weight.device_mesh, weight.placements
-        )
+        shape, offset = local_shape_and_offset(weight)
         if offset[0] <= row < offset[0] + shape[0]:
             local[row - offset[0]].zero_()
 

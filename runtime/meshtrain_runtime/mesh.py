@@ -30,6 +30,7 @@ from meshtrain.contract.mesh_axes import (
     axis_names,
     mesh_shape,
 )
+from meshtrain_runtime.torch_api import flatten_mesh, unflatten_mesh
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def build_meshes(degrees: ResolvedDegrees, device_type: str) -> Meshes:
     world = init_device_mesh(
         device_type, (degrees.world_size,), mesh_dim_names=axis_names((MeshAxis.WORLD,))
     )
-    layout = world._unflatten(0, mesh_shape(degrees, LAYOUT_AXES), axis_names(LAYOUT_AXES))
+    layout = unflatten_mesh(world, MeshAxis.WORLD.value, mesh_shape(degrees, LAYOUT_AXES),
+                            axis_names(LAYOUT_AXES))
     dense = layout[axis_names(DENSE_AXES)]
     context = _split_shard(layout, degrees, MeshAxis.CP)[axis_names(CONTEXT_AXES)]
     expert = None
@@ -97,7 +99,8 @@ def build_meshes(degrees: ResolvedDegrees, device_type: str) -> Meshes:
     elif degrees.expert_parallel_degree > 1:
         expert = _split_shard(layout, degrees, MeshAxis.EP)[axis_names(EXPERT_AXES)]
     flat = {
-        axis: dense[axis_names(parts)]._flatten(axis.value) for axis, parts in FLATTENED.items()
+        axis: flatten_mesh(dense[axis_names(parts)], axis.value)
+        for axis, parts in FLATTENED.items()
     }
     return Meshes(world=world, layout=layout, dense=dense, context=context, expert=expert,
                   dp=flat[MeshAxis.DP], replica=flat[MeshAxis.REPLICA])
@@ -106,9 +109,8 @@ def build_meshes(degrees: ResolvedDegrees, device_type: str) -> Meshes:
 def _split_shard(layout: DeviceMesh, degrees: ResolvedDegrees, carved: MeshAxis) -> DeviceMesh:
     """`layout` with its ``shard`` axis split into (shard_mod_X, X), X innermost."""
     parts = SHARD_SPLITS[carved]
-    # by index: torch 2.11's _unflatten refuses every axis *name* (its membership test is inverted)
-    shard_dim = layout.mesh_dim_names.index(MeshAxis.SHARD.value)
-    return layout._unflatten(shard_dim, mesh_shape(degrees, parts), axis_names(parts))
+    return unflatten_mesh(layout, MeshAxis.SHARD.value, mesh_shape(degrees, parts),
+                          axis_names(parts))
 
 
 def _fold_over_shard_and_tp(world: DeviceMesh, degrees: ResolvedDegrees) -> DeviceMesh:
@@ -117,7 +119,8 @@ def _fold_over_shard_and_tp(world: DeviceMesh, degrees: ResolvedDegrees) -> Devi
     A view of the world mesh like the others (unflattened from it), so FSDP sees one root.
     """
     axes = (MeshAxis.PP, *EXPERT_AXES)
-    folded = world._unflatten(0, mesh_shape(degrees, axes), axis_names(axes))
+    folded = unflatten_mesh(world, MeshAxis.WORLD.value, mesh_shape(degrees, axes),
+                            axis_names(axes))
     return folded[axis_names(EXPERT_AXES)]
 
 

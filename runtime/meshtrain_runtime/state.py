@@ -39,6 +39,7 @@ from meshtrain.contract.phases import Phase
 from meshtrain_runtime import fault
 from meshtrain_runtime.host.phases import announce_on_rank_zero
 from meshtrain_runtime.mesh import Meshes, build_meshes
+from meshtrain_runtime.torch_api import announce_untested_torch
 
 MESH_AXES = axis_names(DENSE_AXES)
 EXPERT_MESH_AXES = axis_names(EXPERT_AXES)
@@ -260,6 +261,7 @@ def init(config: ConfigSource = None) -> RuntimeState:
         )
     device = _select_device()
     _created_process_group = _ensure_process_group(device) or _created_process_group
+    announce_untested_torch(dist.get_rank())
     announce_on_rank_zero(Phase.RENDEZVOUS, f"{dist.get_world_size()} ranks joined "
                                             f"({dist.get_backend()})")
     _current = build_state(params, device=device, owns_process_group=_created_process_group)

@@ -188,7 +188,7 @@ def _async_group() -> dist.ProcessGroup | None:
     with the training step's on the default group (one per default group, made on first use)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return None
-    key = id(dist.distributed_c10d._get_default_group())
+    key = id(dist.group.WORLD)
     if key not in _async_groups:
         _async_groups[key] = dist.new_group(backend="gloo")
     return _async_groups[key]

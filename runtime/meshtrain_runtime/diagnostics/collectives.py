@@ -49,7 +49,7 @@ class _ByteCountingCommMode(CommDebugMode):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if out is not NotImplemented and self.get_total_counts() > before:
             phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
-            name = func._overloadpacket.__name__
+            name = func.overloadpacket.__name__
             self.stats.add(phase, _OP_NAMES.get(name, name), _payload_bytes(name, args))
         return out
 

@@ -19,8 +19,13 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
-from torch.distributed._functional_collectives import AsyncCollectiveTensor
-from torch.distributed.tensor import DTensor
+
+from meshtrain_runtime.torch_api import (
+    AsyncCollectiveTensor,
+    collective_value,
+    dtensor_local,
+    view_base,
+)
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,11 @@ class StepMemory:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+    return dtensor_local(tensor)
 
 
 def _is_parameter_like(tensor: torch.Tensor) -> bool:
-    base = tensor._base if tensor._base is not None else tensor
+    base = view_base(tensor)
     return base.is_leaf and base.requires_grad
 
 
@@ -82,7 +87,7 @@ class SavedActivationMeter:
             return tensor
         local = _local(tensor)
         if isinstance(local, AsyncCollectiveTensor):  # a functional collective's result
-            local = local.elem
+            local = collective_value(local)
         if local.device.type != "meta" and (
                 local.untyped_storage().data_ptr() in self._parameter_storages):
             return tensor

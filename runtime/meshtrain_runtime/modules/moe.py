@@ -164,10 +164,10 @@ def reduce_router_statistics(stats: torch.Tensor, group: object | None) -> torch
     """
     if group is None:
         return stats
-    from torch.distributed import _functional_collectives as funcol
+    from meshtrain_runtime import torch_api
 
-    gathered = funcol.all_gather_single_autograd(stats.unsqueeze(0), 0, group)
-    return funcol.wait_tensor(gathered).sum(dim=0)
+    gathered = torch_api.all_gather_autograd(stats.unsqueeze(0), group)
+    return torch_api.wait_collective(gathered).sum(dim=0)
 
 
 def losses_from_statistics(

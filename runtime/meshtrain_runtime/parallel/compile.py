@@ -27,10 +27,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
-from torch.distributed._functional_collectives import AsyncCollectiveTensor
-from torch.utils._pytree import tree_map
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain_runtime.torch_api import AsyncCollectiveTensor, tree_map, wrap_compiled_call
 
 _CXX = ("c++", "g++", "clang++")
 
@@ -104,7 +103,7 @@ def apply_compile(
     """Compile every block in place; attach a `CompileTimer` to `model`. Returns `model`."""
     for block in blocks:
         block.compile(backend=backend)
-        block._compiled_call_impl = _plain_collective_inputs(block._compiled_call_impl)
+        wrap_compiled_call(block, _plain_collective_inputs)
     CompileTimer(len(blocks)).attach(model)
     return model
 

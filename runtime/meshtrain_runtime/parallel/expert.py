@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from meshtrain.contract._messages import divisors_text
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.mesh_axes import MeshAxis
+from meshtrain_runtime import torch_api
 from meshtrain_runtime.modules.moe import (
     GroupedExperts,
     MoE,
@@ -53,7 +53,6 @@ from meshtrain_runtime.parallel.expert_tp import (
 )
 
 EP_AXIS = MeshAxis.EP
-_HF_EP_DISPATCH_STYLE = "ep_dispatch_experts"
 
 
 class ExpertParallelExperts(nn.Module):
@@ -122,8 +121,8 @@ class ExpertParallelExperts(nn.Module):
 
         Returns ``(ep, num_local_experts)``: row ``r`` counts what rank ``r`` sends here.
         """
-        received = funcol.all_to_all_single(counts, None, None, self.ep_mesh)
-        return funcol.wait_tensor(received).view(self.ep_degree, self.num_local_experts)
+        received = torch_api.all_to_all_single(counts, None, None, self.ep_mesh)
+        return torch_api.wait_collective(received).view(self.ep_degree, self.num_local_experts)
 
     @property
     def token_split_degree(self) -> int:
@@ -155,11 +154,11 @@ class ExpertParallelExperts(nn.Module):
         ep = self.ep_degree
         send, recv, local = sizes[:ep], sizes[ep : 2 * ep], sizes[2 * ep :]
         self.last_send_splits, self.last_recv_splits, self.last_local_tokens = send, recv, local
-        received = funcol.all_to_all_single_autograd(
+        received = torch_api.all_to_all_single_autograd(
             hidden_states[token_index], recv, send, self.ep_mesh
         )
         expert_out = self._run_local_experts(received, recv_counts, local)
-        returned = funcol.all_to_all_single_autograd(expert_out, send, recv, self.ep_mesh)
+        returned = torch_api.all_to_all_single_autograd(expert_out, send, recv, self.ep_mesh)
         return combine_expert_outputs(hidden_states, returned, order, token_index, top_k_weights)
 
     def _run_local_experts(
@@ -195,9 +194,22 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 
 def _ep_plan_patterns(model: nn.Module) -> list[str]:
-    """Module patterns from a Hugging Face config's ``base_model_ep_plan`` (dispatch entries)."""
-    plan = getattr(getattr(model, "config", None), "base_model_ep_plan", None) or {}
-    return [key for key, style in plan.items() if style == _HF_EP_DISPATCH_STYLE]
+    """Patterns of the fused-experts modules a Hugging Face config's plans name.
+
+    An experts module X is one whose ``X.gate_up_proj`` and ``X.down_proj`` the config's
+    ``base_model_ep_plan`` lists (or, where the release declares none, its
+    ``base_model_tp_plan``: transformers 5.1-5.12). Found by the keys, not the styles: the
+    style names changed between releases (``moe_tp_experts``, ``ep_dispatch_experts``).
+    """
+    config = getattr(model, "config", None)
+    for attribute in ("base_model_ep_plan", "base_model_tp_plan"):
+        plan = getattr(config, attribute, None) or {}
+        found = [key.removesuffix(".gate_up_proj") for key in plan
+                 if key.endswith(".gate_up_proj")
+                 and f"{key.removesuffix('.gate_up_proj')}.down_proj" in plan]
+        if found:
+            return found
+    return []
 
 
 def _matches(name: str, patterns: list[str]) -> bool:
@@ -230,9 +242,8 @@ def _check_fused_layout(name: str, module: nn.Module) -> None:
 def find_expert_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(qualified name, experts module) of every MoE layer EP can split.
 
-    Hugging Face models: modules named by their config's ``base_model_ep_plan`` entries of style
-    ``ep_dispatch_experts`` (Mixtral: ``layers.*.mlp.experts``). meshtrain: the ``experts`` of
-    every `MoE` layer.
+    Hugging Face models: the experts modules their config's plans name (`_ep_plan_patterns`;
+    Mixtral: ``layers.*.mlp.experts``). meshtrain: the ``experts`` of every `MoE` layer.
     """
     patterns = _ep_plan_patterns(model)
     found = []
@@ -263,7 +274,7 @@ def _resolve_meshes(ep_mesh: DeviceMesh) -> tuple[DeviceMesh, Any]:
             f"('replicate', 'shard_mod_ep', 'ep')."
         )
     # Every rank of the expert mesh is a data-parallel rank: router losses use all of them.
-    return ep_mesh[EP_AXIS], ep_mesh._flatten().get_group()
+    return ep_mesh[EP_AXIS], torch_api.flatten_mesh(ep_mesh).get_group()
 
 
 def _check_applicable(model: nn.Module, ep_degree: int, with_tp: bool) -> None:

@@ -30,6 +30,7 @@ from torch.distributed.fsdp import (
 from meshtrain.contract.errors import ConfigError
 from meshtrain.contract.mesh_axes import MeshAxis
 from meshtrain.contract.support import check_cpu_offload
+from meshtrain_runtime.torch_api import fsdp2_unsharded_parameters
 
 _PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None, None: None}
 
@@ -98,11 +99,7 @@ def unsharded_parameter_bytes(model: nn.Module) -> int:
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
-        group = module._get_fsdp_state()._fsdp_param_group
-        for fsdp_param in group.fsdp_params if group is not None else ():
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is None:
-                continue
+        for unsharded in fsdp2_unsharded_parameters(module):
             storage = unsharded.untyped_storage()
             if storage.nbytes() and storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())

@@ -27,6 +27,8 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.tensor import DTensor
 
+from meshtrain_runtime.torch_api import backward_is_running, queue_backward_callback
+
 # (mesh, placements, shape, stride) of a DTensor whose local tensor was offloaded.
 _DTensorSpec = tuple[Any, tuple[Any, ...], torch.Size, tuple[int, ...]]
 
@@ -243,10 +245,10 @@ class ActivationOffloader:
         self.stats.record("release", group.seq)
 
     def _queue_end_of_backward(self) -> None:
-        if self._end_of_backward_queued or torch._C._current_graph_task_id() == -1:
+        if self._end_of_backward_queued or not backward_is_running():
             return
         self._end_of_backward_queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        queue_backward_callback(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
         with self._lock:

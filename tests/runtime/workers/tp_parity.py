@@ -86,7 +86,16 @@ def run_case(case: str) -> dict:
         "reference": reference,
         "max_abs_error": max(abs(a - b) for a, b in zip(losses, reference, strict=True)),
         "placements": placements,
+        "head": _output_head(model),
     }
+
+
+def _output_head(model: torch.nn.Module) -> str | None:
+    """The output projection's weight name (GPT-NeoX's is `embed_out` before transformers
+    5.14, `lm_head` after)."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    names = {id(module): name for name, module in model.named_modules()}
+    return f"{names[id(head)]}.weight" if head is not None else None
 
 
 def main() -> None:

@@ -25,13 +25,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, _Policy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor import DTensor
-from torch.utils._pytree import tree_flatten
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.parallel.expert import ExpertParallelExperts, expert_parallel_modules
+from meshtrain_runtime.torch_api import (
+    CustomWrapPolicy,
+    fsdp1_handle,
+    fsdp1_syncs_gradients,
+    queue_backward_callback,
+    tree_flatten,
+    wrap_policy_module_classes,
+)
 
 
 def uses_ep(st: runtime_state.RuntimeState) -> bool:
@@ -57,8 +64,8 @@ def with_expert_units(policy: Any) -> Any:
     if policy is None:
         return ModuleWrapPolicy({ExpertParallelExperts})
     if isinstance(policy, ModuleWrapPolicy):
-        return ModuleWrapPolicy(set(policy._module_classes) | {ExpertParallelExperts})
-    if isinstance(policy, _Policy):  # its units are its own: experts might share a dense one
+        return ModuleWrapPolicy(wrap_policy_module_classes(policy) | {ExpertParallelExperts})
+    if isinstance(policy, CustomWrapPolicy):  # its own units: experts might share a dense one
         raise ConfigError(
             f"FSDP1 with expert parallelism puts each MoE layer's experts in their own FSDP1 "
             f"unit (their gradients are reduced differently from the dense ones), which "
@@ -77,7 +84,7 @@ def with_expert_units(policy: Any) -> Any:
 def _flat_grads(root: nn.Module) -> list[tuple[FullyShardedDataParallel, torch.Tensor]]:
     units = []
     for unit in FullyShardedDataParallel.fsdp_modules(root):
-        handle = unit._handle
+        handle = fsdp1_handle(unit)
         if handle is not None and handle.flat_param.grad is not None:
             units.append((unit, handle.flat_param.grad))
     return units
@@ -104,13 +111,13 @@ def install_gradient_finish(root: FullyShardedDataParallel, st: runtime_state.Ru
 
     def run() -> None:
         queued[0] = False
-        if getattr(root, "_sync_gradients", True):  # not inside no_sync(): FSDP1 reduced
+        if fsdp1_syncs_gradients(root):  # not inside no_sync(): FSDP1 reduced
             finish()
 
     def on_grad(grad: torch.Tensor) -> torch.Tensor:
         if not queued[0]:
             queued[0] = True
-            torch.autograd.Variable._execution_engine.queue_callback(run)
+            queue_backward_callback(run)
         return grad
 
     def after_forward(_module: nn.Module, _args: Any, output: Any) -> None:

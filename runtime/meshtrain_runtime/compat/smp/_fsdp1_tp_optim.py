@@ -22,12 +22,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
-from torch.distributed.fsdp._common_utils import clean_tensor_name
 from torch.distributed.tensor import DTensor, Shard
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import _tp_part
 from meshtrain_runtime.parallel.collectives import all_gather_into
+from meshtrain_runtime.torch_api import (
+    clean_tensor_name,
+    flat_param_layout,
+    fsdp1_handle,
+    fsdp1_uses_orig_params,
+)
 
 
 class _Param:
@@ -35,29 +40,31 @@ class _Param:
 
     def __init__(self, flat: Any, index: int, start: int) -> None:
         self.flat, self.index, self.start = flat, index, start
-        self.shape = flat._shapes[index]
-        self.numel = flat._numels[index]
-        self.info = flat._shard_param_infos[index]
+        layout = flat_param_layout(flat)
+        self.shape = layout.shapes[index]
+        self.numel = layout.numels[index]
+        self.info = layout.shard_param_infos[index]
 
 
 def _params(model: FullyShardedDataParallel) -> dict[int, _Param]:
     """id(original parameter) -> its place, for every FSDP-managed parameter."""
     found: dict[int, _Param] = {}
     for module in FullyShardedDataParallel.fsdp_modules(model):
-        handle = module._handle
+        handle = fsdp1_handle(module)
         if handle is None:
             continue
         flat = handle.flat_param
-        if not handle._use_orig_params:
+        if not fsdp1_uses_orig_params(handle):
             raise ConfigError(
                 "FSDP(..., use_orig_params=False) with tensor parallelism: SMP's optimizer "
                 "checkpoints need use_orig_params=True (AWS's scripts set it with "
                 "use_smp_implementation=1)."
             )
-        start, real = 0, 0
-        for numel, padding in zip(flat._numels_with_padding, flat._is_padding_mask, strict=True):
+        start, real, layout = 0, 0, flat_param_layout(flat)
+        for numel, padding in zip(layout.numels_with_padding, layout.is_padding_mask,
+                                  strict=True):
             if not padding:
-                found[id(flat._params[real])] = _Param(flat, real, start)
+                found[id(layout.params[real])] = _Param(flat, real, start)
                 real += 1
             start += numel
     return found
@@ -71,9 +78,10 @@ def _gathered(model: FullyShardedDataParallel, optim: torch.optim.Optimizer, fla
               name: str) -> torch.Tensor:
     """State `name` of every parameter of `flat`, unsharded: gathered over the FSDP group."""
     local = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-    for index, param in enumerate(flat._params):
+    layout = flat_param_layout(flat)
+    for index, param in enumerate(layout.params):
         state = optim.state.get(param, {})
-        info = flat._shard_param_infos[index]
+        info = layout.shard_param_infos[index]
         if name in state and info.in_shard and info.numel_in_shard:
             local[info.offset_in_shard:info.offset_in_shard + info.numel_in_shard] = \
                 state[name].reshape(-1).float()

@@ -30,11 +30,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.optimizer as dcp_optimizer
-from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.tensor import DTensor
 
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import copy_back, per_tp_rank
+from meshtrain_runtime.torch_api import unflatten_state_dict
 
 _original: dict[str, Callable[..., Any]] = {}
 

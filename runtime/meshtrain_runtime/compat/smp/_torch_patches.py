@@ -12,11 +12,12 @@ group; meshtrain does the same, reversibly, on public torch names only (no priva
 
 The FSDP1 patches replace attributes of the class object and the FSDP2 one sets the keyword
 default of the function that ``fully_shard`` wraps (its ``__kwdefaults__``), so names a script
-imported before ``tsm.init`` see them. The wrappers call torch's originals positionally, so they
-depend on the parameter lists in `CHECKED_SIGNATURES`, checked against torch 2.13.0 (the
-version meshtrain's tests run; pyproject allows torch >= 2.6):
-tests/runtime/compat/test_smp_units.py::test_patched_torch_signatures_are_the_checked_ones fails
-when torch changes one of them, and the 4-rank SMP tests exercise each patch.
+imported before ``tsm.init`` see them. The FSDP1 wrappers call torch's originals positionally,
+so they depend on the parameter lists in `CHECKED_SIGNATURES`; the ``fully_shard`` patch only
+on its keyword ``mesh`` (torch 2.12 added a parameter after it). They were read on every torch
+in `CHECKED_TORCH_VERSIONS` (CI's version tier runs
+tests/runtime/compat/test_smp_units.py::test_patched_torch_signatures_are_the_checked_ones on
+each, which fails when torch changes one of them), and the 4-rank SMP tests exercise each patch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Any
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-CHECKED_TORCH_VERSIONS = ("2.13.0",)
+from meshtrain_runtime.torch_api import TESTED_TORCH_VERSIONS
+
+CHECKED_TORCH_VERSIONS = TESTED_TORCH_VERSIONS
 """torch releases whose patched symbols were read and whose signatures are recorded below."""
 
 CHECKED_SIGNATURES: dict[str, tuple[str, ...]] = {
@@ -42,12 +45,10 @@ CHECKED_SIGNATURES: dict[str, tuple[str, ...]] = {
     "FullyShardedDataParallel.optim_state_dict_to_load": (
         "model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group",
     ),
-    "fully_shard": (
-        "module", "mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy",
-        "offload_policy", "ignored_params", "dp_mesh_dims",
-    ),
+    "fully_shard": ("module", "mesh"),
 }
-"""Parameter names, in order, of each patched symbol as `CHECKED_TORCH_VERSIONS` define it."""
+"""Parameter names, in order, of each patched symbol as `CHECKED_TORCH_VERSIONS` define it
+(``fully_shard``: its first two, all the patch relies on)."""
 
 _FSDP1_STATIC = ("optim_state_dict", "optim_state_dict_to_load")
 _original: dict[str, Any] = {}
@@ -62,7 +63,9 @@ def live_signatures() -> dict[str, tuple[str, ...]]:
             name, getattr(FullyShardedDataParallel, name)) for name in _FSDP1_STATIC},
         "fully_shard": _fully_shard_function(),
     }
-    return {name: tuple(inspect.signature(fn).parameters) for name, fn in symbols.items()}
+    found = {name: tuple(inspect.signature(fn).parameters) for name, fn in symbols.items()}
+    found["fully_shard"] = found["fully_shard"][:2]
+    return found
 
 
 def _fully_shard_function() -> Callable[..., Any]:

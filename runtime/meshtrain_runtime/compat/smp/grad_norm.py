@@ -23,6 +23,7 @@ from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime import grad
 from meshtrain_runtime import state as runtime_state
 from meshtrain_runtime.compat.smp import _fsdp1_ep as fsdp1_ep
+from meshtrain_runtime.torch_api import flat_param_layout, fsdp1_handle
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -51,14 +52,16 @@ def _grad_pieces(model: FullyShardedDataParallel) -> tuple[list[torch.Tensor], l
     whole: list[torch.Tensor] = []
     seen: set[int] = set()
     for module in FullyShardedDataParallel.fsdp_modules(model):
-        handle = module._handle
+        handle = fsdp1_handle(module)
         if handle is None or id(handle.flat_param) in seen:
             continue
         flat = handle.flat_param
         seen.add(id(flat))
         if flat.grad is None:
             continue
-        for info, extension in zip(flat._shard_param_infos, flat._param_extensions, strict=True):
+        layout = flat_param_layout(flat)
+        for info, extension in zip(layout.shard_param_infos, layout.param_extensions,
+                                   strict=True):
             if not info.in_shard or not info.numel_in_shard:
                 continue
             piece = flat.grad.detach()[info.offset_in_shard:info.offset_in_shard

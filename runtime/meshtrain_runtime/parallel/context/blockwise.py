@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+from meshtrain_runtime.torch_api import flash_attention_cpu, flash_attention_cpu_backward
 
 
 @dataclass(frozen=True)
@@ -123,8 +122,8 @@ def forward_block(
     """One block's output (B, H, rows, Dv) and its lse (B, H, rows), both wide."""
     wide, keys = _wide(q.dtype), slice(block.k_start, block.k_end)
     if _fused(q, block):
-        out, lse = _FLASH_CPU(q[:, :, block.q_start:block.q_end], k[:, :, keys], v[:, :, keys],
-                              0.0, block.causal, scale=scale)
+        out, lse = flash_attention_cpu(q[:, :, block.q_start:block.q_end], k[:, :, keys],
+                                       v[:, :, keys], 0.0, block.causal, scale=scale)
         return out.to(wide), lse.to(wide)
     heads, kv_heads = q.shape[1], k.shape[1]
     grouped = _grouped(q, block.q_start, block.q_end, kv_heads)
@@ -195,7 +194,7 @@ def backward_blocks(
     for block in blocks:
         rows, keys = slice(block.q_start, block.q_end), slice(block.k_start, block.k_end)
         if _fused(q, block):
-            grads = _FLASH_CPU_BACKWARD(
+            grads = flash_attention_cpu_backward(
                 grad_out[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys],
                 out[:, :, rows], lse[:, :, rows].contiguous(), 0.0, block.causal, scale=scale)
         else:

@@ -136,7 +136,7 @@ def _requirements() -> list[str]:
     try:
         torch = f"torch=={importlib.metadata.version('torch').split('+')[0]}"
     except importlib.metadata.PackageNotFoundError:
-        torch = "torch>=2.6"
+        torch = "torch>=2.13.0"
     return [torch, "numpy>=1.24", "pydantic>=2.6", "pip"]
 
 

@@ -7,7 +7,6 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
@@ -16,6 +15,7 @@ from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     group_coordinator,
     per_tp_rank,
 )
+from meshtrain_runtime.torch_api import load_state_dict_impl
 
 
 def load(
@@ -41,7 +41,7 @@ def load(
     reader = storage_reader or FileSystemReader(str(checkpoint_id))
     planner = planner or DefaultLoadPlanner(allow_partial_load=not check_keys_matched)
     target = per_tp_rank(state_dict, process_group)  # the same local tensors: filled in place
-    _load_state_dict(
+    load_state_dict_impl(
         target,
         storage_reader=reader,
         process_group=process_group,

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
 from meshtrain_runtime.checkpoint.sharded import marker_record, write_marker
 from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
@@ -16,6 +15,7 @@ from meshtrain_runtime.compat.smp.distributed.checkpoint._common import (
     per_tp_rank,
 )
 from meshtrain_runtime.compat.smp.distributed.checkpoint.async_utils import AsyncCallsQueue
+from meshtrain_runtime.torch_api import save_state_dict_impl
 
 _default_queue: AsyncCallsQueue | None = None
 
@@ -46,7 +46,7 @@ def save(
     check_local(checkpoint_id, s3_region, s3client_config)
     writer = PyTorchDistSaveShardedStrategy().writer(str(checkpoint_id), storage_writer)
     local_coordinator = group_coordinator(process_group, coordinator_rank)
-    _save_state_dict(
+    save_state_dict_impl(
         per_tp_rank(state_dict, process_group),
         storage_writer=writer,
         process_group=process_group,

@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from meshtrain.contract.errors import ConfigError
+from meshtrain_runtime.torch_api import fsdp1_handle
 
 
 class SMStateDictType(enum.Enum):
@@ -50,8 +51,9 @@ def sm_state_dict_type(model: nn.Module, state_dict_type: SMStateDictType) -> It
 
 def _local_state_dict(model: nn.Module, *args: object, **kwargs: object) -> dict[str, torch.Tensor]:
     units = FullyShardedDataParallel.fsdp_modules(model)
-    return {f"flat_param.{index}": unit._handle.flat_param.detach()
-            for index, unit in enumerate(units) if unit._handle is not None}
+    handles = [fsdp1_handle(unit) for unit in units]
+    return {f"flat_param.{index}": handle.flat_param.detach()
+            for index, handle in enumerate(handles) if handle is not None}
 
 
 def _load_local_state_dict(model: nn.Module, state: dict[str, torch.Tensor],
