@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from data_files import numbered_rows, word_tokenizer, write_jsonl, write_megatro
 
 from meshtrain.errors import ConfigError
 from meshtrain_runtime.data import loader
+from meshtrain_runtime.data.formats import import_datasets
 from meshtrain_runtime.data.tokenize import BYTE_EOS
 
 TEXTS = ["ab", "cde", "fghij"]  # bytes 97.. ; EOS 256 after each document
@@ -206,3 +209,26 @@ def test_a_pipe_mode_channel_is_refused_with_the_reason(job_paths):
     os.mkfifo(job_paths / "input" / "data" / "train_0")  # what Pipe mode leaves: FIFOs
     with pytest.raises(ConfigError, match="Pipe mode"):
         loader("train", global_batch_size=1, seq_len=3)
+
+
+@pytest.mark.parametrize(("failure", "expected"), [
+    (ModuleNotFoundError("No module named 'datasets'", name="datasets"),
+     "which is not installed: pip install 'meshtrain[data]'"),
+    (ImportError("pyarrow requires NumPy 2.0 or newer, found 1.24.0"),
+     "installed but does not import: pyarrow requires NumPy 2.0 or newer, found 1.24.0. "
+     "Install versions of its dependencies that agree"),
+])
+def test_datasets_that_does_not_import_says_why(monkeypatch, failure, expected):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == "datasets":
+            raise failure
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "datasets", raising=False)
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        import_datasets(".parquet files")

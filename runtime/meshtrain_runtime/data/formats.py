@@ -97,9 +97,16 @@ def dataset_records(table: Any, text_field: str, where: str) -> list[Any]:
 def import_datasets(what: str) -> Any:
     try:
         import datasets
-    except ImportError:
-        raise ConfigError(f"{what} are read through Hugging Face datasets, which is not "
-                          "installed: pip install 'meshtrain[data]'.") from None
+    except ImportError as error:
+        if getattr(error, "name", None) == "datasets":
+            raise ConfigError(f"{what} are read through Hugging Face datasets, which is not "
+                              "installed: pip install 'meshtrain[data]'.") from None
+        # Installed but broken by one of its own dependencies: pyarrow 26 refuses numpy < 2
+        # at import without declaring it (docs/compatibility.md).
+        raise ConfigError(f"{what} are read through Hugging Face datasets, which is installed "
+                          f"but does not import: {error}. Install versions of its "
+                          "dependencies that agree (with numpy < 2: pip install 'pyarrow<26'; "
+                          "or pip install 'numpy>=2').") from error
     return datasets
 
 
