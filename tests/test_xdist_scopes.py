@@ -22,4 +22,30 @@ def test_the_docker_tier_and_the_toolkit_environment_share_one_worker():
 
 def test_every_other_file_is_its_own_scope():
     others = [TESTS / "sdk" / "test_targets.py", TESTS / "e2e" / "test_local_jobs.py"]
-    assert [scope_of(path) for path in others] == [str(path) for path in others]
+    assert [scope_of(path) for path in others] == ["tests/sdk/test_targets.py",
+                                                 "tests/e2e/test_local_jobs.py"]
+
+
+def test_the_longest_scopes_go_first_and_a_new_one_before_them():
+    from scope_order import order_by_cost
+
+    items = ["a::1", "b::1", "a::2", "c::1", "d::1"]
+    costs = {"a": 10.0, "b": 300.0, "c": 50.0}
+    ordered = order_by_cost(items, lambda item: item.split("::")[0], costs)
+    assert ordered == ["d::1", "b::1", "c::1", "a::1", "a::2"]
+
+
+def test_scope_seconds_add_every_phase_of_every_test_of_a_scope():
+    from scope_order import scope_seconds
+
+    reports = [("t/x.py::a", 0.5), ("t/x.py::a", 2.0), ("t/x.py::b", 1.0), ("t/y.py::c", 4.0)]
+    assert scope_seconds(reports, lambda nodeid: nodeid.split("::")[0]) == {
+        "t/x.py": 3.5, "t/y.py": 4.0}
+
+
+def test_the_recorded_costs_hold_the_shared_tiers():
+    from scope_order import read_costs
+
+    costs = read_costs()
+    assert {"docker tier", "slurm tier"} <= set(costs), \
+        "record tests/scope_seconds.json (see tests/scope_order.py)"

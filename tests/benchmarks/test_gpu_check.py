@@ -202,7 +202,9 @@ def test_a_failing_cpu_numerical_check_fails_the_smoke_run(tmp_path: Path) -> No
         "fsdp.resolve_mixed_precision = lambda value: MixedPrecisionPolicy()\n")
     done = _smoke(tmp_path / "out", "--only", "pytest",
                   env={"PYTHONPATH": os.pathsep.join(filter(None, [
-                      str(patch), os.environ.get("PYTHONPATH")]))})
+                      str(patch), os.environ.get("PYTHONPATH")])),
+                       # the precision cases and one beside them (the rest ran in `smoke`)
+                       "PYTEST_ADDOPTS": "-k 'mixed_precision or fp16 or fused_adamw'"})
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     (report_file,) = (tmp_path / "out").glob("gpu-cpu-*.json")
     section = json.loads(report_file.read_text())["sections"]["pytest"]
@@ -210,3 +212,5 @@ def test_a_failing_cpu_numerical_check_fails_the_smoke_run(tmp_path: Path) -> No
     failed = {t["test"].split("::")[-1] for t in section["tests"] if t["outcome"] == "failed"}
     assert failed == {"test_bf16_mixed_precision_tracks_fp32",
                       "test_fp16_scaler_recovers_underflowed_gradients_and_skips_inf"}
+    passed = {t["test"].split("::")[-1] for t in section["tests"] if t["outcome"] == "passed"}
+    assert "test_fused_adamw_matches_foreach" in passed

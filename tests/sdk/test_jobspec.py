@@ -27,3 +27,16 @@ def test_no_distribution_stays_none_and_means_the_defaults():
     assert spec.distribution is None
     assert spec.distribution_config() == DistributionConfig()
     assert JobSpec.from_json(spec.to_json()).distribution is None
+
+
+def test_importing_the_client_warns_nothing():
+    """pydantic < 2.10 warned on every import about the field `model_trainer` ("model_" is its
+    protected namespace): a warning a user cannot act on. The version tier runs this at
+    pydantic's floor."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error", "-c",
+                           "import meshtrain, meshtrain.contract.jobspec"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr

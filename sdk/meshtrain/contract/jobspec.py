@@ -20,7 +20,9 @@ DEFAULT_CONTAINER_LOG_LEVEL = 20  # logging.INFO, as the SageMaker SDK sends it
 class JobSpec(BaseModel):
     """What to run, where, with which inputs. Backends turn it into hosts."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # protected_namespaces=(): `model_trainer` is a field, not pydantic's (pydantic < 2.10
+    # warns about the "model_" prefix on every import otherwise)
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
     job_name: str
     entry_point: str

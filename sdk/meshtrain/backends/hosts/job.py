@@ -16,7 +16,13 @@ from meshtrain.backends.hosts.artifacts import output_location
 from meshtrain.backends.hosts.ft_logs import debug_logs
 from meshtrain.backends.hosts.ft_metrics import fault_tolerance_summary, read_step_records
 from meshtrain.backends.hosts.layout import JobDirectory
-from meshtrain.backends.hosts.processes import carries_token, kill_job_processes, pids_of_job
+from meshtrain.backends.hosts.processes import (
+    carries_token,
+    kill_job_processes,
+    pids_of_job,
+    start_time,
+    wait_until_gone,
+)
 from meshtrain.backends.hosts.replica_groups import replica_groups_of
 from meshtrain.backends.hosts.restarts import STOP_MARGIN_SECONDS
 from meshtrain.backends.hosts.s3_staging import read_destinations
@@ -229,11 +235,13 @@ class HostTrainingJob(TrainingJob):
         with contextlib.suppress(OSError):  # a full disk must not keep the job from stopping
             self.job_dir.stop_request_file.touch()
         if pid is not None:
+            started = start_time(pid)
             with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
                 os.kill(pid, signal.SIGTERM)
             # the ranks' grace period (torch_distributed.stop_grace_seconds), then packing
             grace = self.job_dir.read_spec().distribution_config().torch_distributed
             self._wait_for_supervisor_exit(grace.stop_grace_seconds + STOP_MARGIN_SECONDS + 60)
+            wait_until_gone(pid, started, timeout=STOP_GRACE_SECONDS)
         kill_job_processes(self.token, grace_seconds=STOP_GRACE_SECONDS)
         if self.job_dir.read_status()["TrainingJobStatus"] not in TERMINAL_STATUSES:
             self._record_end(TrainingJobStatus="Stopped")

@@ -86,6 +86,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def start_time(pid: int) -> str | None:
+    """Process `pid`'s start time (clock ticks after boot, /proc/PID/stat's 22nd field): with
+    the PID it names one process, never a later one that reuses the PID."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def wait_until_gone(pid: int, started: str | None, timeout: float) -> None:
+    """Wait (up to `timeout`) until the process `pid` that started at `started` has exited: an
+    exiting process loses its environment (so its token) before it is gone."""
+    deadline = time.monotonic() + timeout
+    while (started is not None and _alive(pid) and start_time(pid) == started
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+
+
 def signal_groups(pgids: Iterable[int], sig: int) -> None:
     for pgid in pgids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
