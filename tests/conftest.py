@@ -5,9 +5,11 @@ With ``--dist loadfile`` each test file runs whole on one worker, so a module-sc
 launch (several cases sharing one torchrun) still runs once. Files that share a machine-wide
 resource run on one worker together: the docker tier (one private dockerd per worker and
 meshtrain's image built in it, minutes; two engines on one machine also collide on their
-networks) and the SageMaker toolkit environment cached under ~/.cache (built and installed into
-by its two tests). xdist's own ``loadgroup`` would say this with markers, but with pytest 9 its
-workers no longer rename node ids, so the grouping is done here, in the scheduler.
+networks), the SageMaker toolkit environment cached under ~/.cache (built and installed into
+by its two tests), and the end-to-end fault-tolerance jobs, whose timing bounds hold for one
+such job on the cores at a time. xdist's own ``loadgroup`` would say this with markers, but
+with pytest 9 its workers no longer rename node ids, so the grouping is done here, in the
+scheduler.
 
 Workers take the longest scopes first (tests/scope_order.py, costs in scope_seconds.json): in
 alphabetical order the long Slurm tier came last and ran alone at the end.
@@ -30,6 +32,11 @@ SHARED_RESOURCES = {
     TESTS / "docker": "docker tier",
     TESTS / "sdk" / "backends" / "sagemaker" / "test_sagemaker_toolkit_image.py": "docker tier",
     TESTS / "slurm": "slurm tier",  # one cluster per worker: the tier's files on one worker
+    # their bounds (a rejoin within 30 s, group 0 never 5 s without a step) are stated at a
+    # load <= 4: one fault-tolerant 2 x 2 job at a time, never two of them side by side
+    **{TESTS / "e2e" / name: "fault-tolerance jobs" for name in (
+        "test_fault_tolerance_job.py", "test_data_fault_tolerance.py",
+        "test_fault_tolerance_long.py")},
 }
 MOST_WORKERS = 4  # a worker runs jobs of up to 8 ranks; more workers only queue on the cores
 

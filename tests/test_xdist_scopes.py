@@ -49,3 +49,12 @@ def test_the_recorded_costs_hold_the_shared_tiers():
     costs = read_costs()
     assert {"docker tier", "slurm tier"} <= set(costs), \
         "record tests/scope_seconds.json (see tests/scope_order.py)"
+
+
+def test_the_fault_tolerance_jobs_never_run_beside_each_other():
+    e2e = TESTS / "e2e"
+    files = [e2e / "test_fault_tolerance_job.py", e2e / "test_data_fault_tolerance.py",
+             e2e / "test_fault_tolerance_long.py"]
+    assert all(path.exists() for path in files)
+    assert {scope_of(path) for path in files} == {"fault-tolerance jobs"}
+    assert scope_of(e2e / "test_local_jobs.py") == "tests/e2e/test_local_jobs.py"
