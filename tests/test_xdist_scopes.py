@@ -26,31 +26,6 @@ def test_every_other_file_is_its_own_scope():
                                                  "tests/e2e/test_local_jobs.py"]
 
 
-def test_the_longest_scopes_go_first_and_a_new_one_before_them():
-    from scope_order import order_by_cost
-
-    items = ["a::1", "b::1", "a::2", "c::1", "d::1"]
-    costs = {"a": 10.0, "b": 300.0, "c": 50.0}
-    ordered = order_by_cost(items, lambda item: item.split("::")[0], costs)
-    assert ordered == ["d::1", "b::1", "c::1", "a::1", "a::2"]
-
-
-def test_scope_seconds_add_every_phase_of_every_test_of_a_scope():
-    from scope_order import scope_seconds
-
-    reports = [("t/x.py::a", 0.5), ("t/x.py::a", 2.0), ("t/x.py::b", 1.0), ("t/y.py::c", 4.0)]
-    assert scope_seconds(reports, lambda nodeid: nodeid.split("::")[0]) == {
-        "t/x.py": 3.5, "t/y.py": 4.0}
-
-
-def test_the_recorded_costs_hold_the_shared_tiers():
-    from scope_order import read_costs
-
-    costs = read_costs()
-    assert {"docker tier", "slurm tier"} <= set(costs), \
-        "record tests/scope_seconds.json (see tests/scope_order.py)"
-
-
 def test_the_fault_tolerance_jobs_never_run_beside_each_other():
     e2e = TESTS / "e2e"
     files = [e2e / "test_fault_tolerance_job.py", e2e / "test_data_fault_tolerance.py",
