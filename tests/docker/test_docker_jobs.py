@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import default_sigint
 from job_privacy import (
     open_directory,
     open_modes,
@@ -134,7 +135,7 @@ def test_ctrl_c_in_wait_stops_the_job_and_removes_everything(docker_engine, home
         "job_name='ctrl-c-in-wait')\n"
         "job.wait(logs=False)\n")
     client = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 240
         log = home / "jobs" / "ctrl-c-in-wait" / "job.log"

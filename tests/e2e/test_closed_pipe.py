@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import default_sigint
 
 from meshtrain import Estimator
 
@@ -67,7 +68,7 @@ def test_ctrl_c_after_the_pipes_reader_left_stops_the_job_without_a_traceback(
                               stdout=subprocess.PIPE, text=True)
     with open(tmp_path / "stderr.txt", "w") as stderr:
         client = subprocess.Popen([sys.executable, *LAUNCHES[launch]], cwd=tmp_path,
-                                  stdout=reader.stdin, stderr=stderr)
+                                  stdout=reader.stdin, stderr=stderr, preexec_fn=default_sigint)
     reader.stdin.close()  # the client holds the pipe's only write end
     try:
         first = reader.stdout.read().splitlines()  # EOF: head has gone

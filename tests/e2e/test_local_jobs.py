@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import default_sigint
 from job_privacy import (
     every_path,
     listeners,
@@ -218,7 +219,8 @@ def test_keyboard_interrupt_in_fit_stops_the_job(home):
             "from meshtrain import Estimator\n"
             f"Estimator('sleep_forever.py', source_dir={str(SCRIPTS)!r}, instance_count=2,"
             f" distribution={TWO_BY_TWO!r}).fit(job_name='ctrl-c-job')\n")],
-        env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     log = home / "jobs" / "ctrl-c-job" / "job.log"
     while not (log.exists() and "running rank 3" in log.read_text()):

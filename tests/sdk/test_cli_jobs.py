@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import default_sigint
 
 from meshtrain import Estimator
 from meshtrain.cli import main
@@ -124,7 +125,7 @@ def test_unknown_job_is_one_line_and_exit_2(home, command):
 def _start(argv: list[str], home: Path) -> subprocess.Popen:
     env = {**os.environ, **NO_AWS, "MESHTRAIN_HOME": str(home)}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=default_sigint)
 
 
 def _interrupt_when_running(client: subprocess.Popen) -> tuple[str, str]:
