@@ -20,6 +20,26 @@ from meshtrain.contract import env as names
 
 TIMEOUT = 240.0  # a hang, not a speed: the 2-core box may be loaded
 
+# Issue 42's lead example: 2 hosts x 2 processes, hybrid 2, 2 replica groups, 240 steps of
+# ~0.25 s, one rank of group 1 SIGKILLed once the group has committed KILL_AT_STEP steps.
+SHARD, GROUPS = 2, 2
+STEPS, DELAY = 240, 0.25
+KILL_AT_STEP = 10  # group 1 has committed this many steps when one of its ranks is killed
+REJOIN_BOUND = 30.0  # the issue's: group 1 steps again within 30 s of the kill
+SURVIVOR_GAP_BOUND = 5.0  # the issue's: group 0 never 5 s without a committed step
+
+
+def lead_example_distribution(**torch_distributed: Any) -> dict[str, Any]:
+    """The docs' lead example: fault_tolerance and nothing else (plus `torch_distributed`
+    keys a test adds, e.g. max_restarts)."""
+    return {
+        "torch_distributed": {"enabled": True, "processes_per_host": SHARD,
+                              "fault_tolerance": {"replica_groups": GROUPS},
+                              **torch_distributed},
+        "smdistributed": {"modelparallel": {"enabled": True,
+                                            "parameters": {"hybrid_shard_degree": SHARD}}},
+    }
+
 
 def wait_for(what: str, condition: Callable[[], bool], job: Any) -> None:
     """Poll `condition` while `job` is in progress; fail with the job's log otherwise."""

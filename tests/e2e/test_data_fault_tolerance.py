@@ -42,8 +42,16 @@ from typing import Any
 import pytest
 from ci_guards import import_or_skip
 from ft_jobs import (
+    DELAY,
+    GROUPS,
+    KILL_AT_STEP,
+    REJOIN_BOUND,
+    SHARD,
+    STEPS,
+    SURVIVOR_GAP_BOUND,
     back_after,
     job_script,
+    lead_example_distribution,
     loader_slice,
     rank_of_group,
     steps_after_finish,
@@ -61,17 +69,8 @@ import_or_skip("torchft")  # meshtrain[ft]: missing, a skip here and a failure u
 SCRIPTS = Path(__file__).parent / "scripts"
 CORPUS = Path(__file__).resolve().parents[2] / "examples" / "data" / "corpus"
 pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
-SHARD, GROUPS, GLOBAL_BATCH, SEQ_LEN, NUM_WORKERS = 2, 2, 8, 16, 2
-STEPS, DELAY = 240, 0.25
-KILL_AT_STEP = 10  # group 1 has committed this many steps when one of its ranks is killed
-REJOIN_BOUND = 30.0  # the issue's: group 1 steps again within 30 s of the kill
-SURVIVOR_GAP_BOUND = 5.0  # the issue's: group 0 never 5 s without a committed step
-DISTRIBUTION = {  # the docs' lead example: fault_tolerance and nothing else
-    "torch_distributed": {"enabled": True, "processes_per_host": SHARD,
-                          "fault_tolerance": {"replica_groups": GROUPS}},
-    "smdistributed": {"modelparallel": {"enabled": True,
-                                        "parameters": {"hybrid_shard_degree": SHARD}}},
-}
+GLOBAL_BATCH, SEQ_LEN, NUM_WORKERS = 8, 16, 2
+DISTRIBUTION = lead_example_distribution()
 
 
 @dataclass

@@ -35,7 +35,21 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
-from ft_jobs import back_after, rank_of_group, steps_after_finish, survivor_gaps, wait_for
+from ft_jobs import (
+    DELAY,
+    GROUPS,
+    KILL_AT_STEP,
+    REJOIN_BOUND,
+    SHARD,
+    STEPS,
+    SURVIVOR_GAP_BOUND,
+    back_after,
+    lead_example_distribution,
+    rank_of_group,
+    steps_after_finish,
+    survivor_gaps,
+    wait_for,
+)
 from job_privacy import Listener, listeners
 
 from meshtrain import Estimator
@@ -51,17 +65,7 @@ script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(script)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
-SHARD, GROUPS = 2, 2
-STEPS, DELAY = 240, 0.25
-KILL_AT_STEP = 10  # group 1 has committed this many steps when one of its ranks is killed
-REJOIN_BOUND = 30.0  # the issue's: group 1 steps again within 30 s of the kill
-SURVIVOR_GAP_BOUND = 5.0  # the issue's: group 0 never 5 s without a committed step
-DISTRIBUTION = {  # the docs' lead example: fault_tolerance and nothing else
-    "torch_distributed": {"enabled": True, "processes_per_host": SHARD,
-                          "fault_tolerance": {"replica_groups": GROUPS}},
-    "smdistributed": {"modelparallel": {"enabled": True,
-                                        "parameters": {"hybrid_shard_degree": SHARD}}},
-}
+DISTRIBUTION = lead_example_distribution()
 
 
 @dataclass

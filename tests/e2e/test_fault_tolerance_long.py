@@ -30,7 +30,15 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
-from ft_jobs import job_script, loader_slice, rank_of_group, wait_for
+from ft_jobs import (
+    GROUPS,
+    SHARD,
+    job_script,
+    lead_example_distribution,
+    loader_slice,
+    rank_of_group,
+    wait_for,
+)
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts.processes import pids_of_job, rank_pids_of_job
@@ -42,13 +50,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 CORPUS = Path(__file__).resolve().parents[2] / "examples" / "data" / "corpus"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiprocess]
-SHARD, GROUPS = 2, 2
-DISTRIBUTION = {
-    "torch_distributed": {"enabled": True, "processes_per_host": SHARD,
-                          "fault_tolerance": {"replica_groups": GROUPS}},
-    "smdistributed": {"modelparallel": {"enabled": True,
-                                        "parameters": {"hybrid_shard_degree": SHARD}}},
-}
+DISTRIBUTION = lead_example_distribution()
 LONG_STEPS, KILL_AT_STEP, BESIDE_REJOIN_BOUND = 600, 50, 60.0
 RESUME_STEPS, CHECKPOINT_EVERY, LOSE_ALL_AFTER = 40, 10, 15
 GLOBAL_BATCH, SEQ_LEN = 8, 16  # the loader job's (scripts/ft_loader_train.py's defaults)

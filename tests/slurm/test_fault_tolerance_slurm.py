@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from ci_guards import import_or_skip
-from ft_jobs import rank_of_group, wait_for
+from ft_jobs import GROUPS, lead_example_distribution, rank_of_group, wait_for
 
 from meshtrain import Estimator
 from meshtrain.backends.hosts.layout import JobDirectory
@@ -35,15 +35,9 @@ from meshtrain.contract import env as names
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.e2e]
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"  # ft_hsdp_train.py
-SHARD, GROUPS = 2, 2
 KILL_AFTER_STEPS = 3
 STEPS_AFTER_REJOIN = 3
-DISTRIBUTION = {
-    "torch_distributed": {"enabled": True, "processes_per_host": SHARD, "max_restarts": 1,
-                          "fault_tolerance": {"replica_groups": GROUPS}},
-    "smdistributed": {"modelparallel": {"enabled": True,
-                                        "parameters": {"hybrid_shard_degree": SHARD}}},
-}
+DISTRIBUTION = lead_example_distribution(max_restarts=1)
 
 
 @dataclass
