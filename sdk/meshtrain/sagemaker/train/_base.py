@@ -49,10 +49,9 @@ def config_error(cls: type[BaseModel], error: ValidationError) -> ConfigError:
     return ConfigError(" ".join(lines))
 
 
-class BaseConfig(BaseModel):
-    """`sagemaker.train.configs.BaseConfig`: unknown fields refused, assignments validated."""
-
-    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+class RaisesConfigError(BaseModel):
+    """A pydantic model whose invalid construction or assignment raises meshtrain's
+    ConfigError (the field, the value, the fix) instead of pydantic's ValidationError."""
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -65,6 +64,12 @@ class BaseConfig(BaseModel):
             super().__setattr__(name, value)
         except ValidationError as error:
             raise config_error(type(self), error) from None
+
+
+class BaseConfig(RaisesConfigError):
+    """`sagemaker.train.configs.BaseConfig`: unknown fields refused, assignments validated."""
+
+    model_config = ConfigDict(validate_assignment=True, extra="forbid")
 
 
 def to_request(value: Any) -> Any:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from meshtrain.contract.errors import ConfigError
 from meshtrain.job import TrainingJob
 from meshtrain.pipes import drop_output_to_closed_pipes
 from meshtrain.sagemaker.train import _checks, _job
-from meshtrain.sagemaker.train._base import config_error
+from meshtrain.sagemaker.train._base import RaisesConfigError
 from meshtrain.sagemaker.train.configs import (
     Channel,
     CheckpointConfig,
@@ -50,7 +50,7 @@ from meshtrain.sagemaker.train.mode import Mode
 from meshtrain.sagemaker.train.shapes import ModelPackageConfig
 
 
-class ModelTrainer(BaseModel):
+class ModelTrainer(RaisesConfigError):
     """Train a script on a cluster: SDK v3's `ModelTrainer`, run by meshtrain.
 
     meshtrain addition: `backend_options`, the options of meshtrain's target (`jobs_dir` for
@@ -91,18 +91,6 @@ class ModelTrainer(BaseModel):
     _session_chaining_config: SessionChainingConfig | None = PrivateAttr(default=None)
     _remote_debug_config: RemoteDebugConfig | None = PrivateAttr(default=None)
     _metric_definitions: list[MetricDefinition] | None = PrivateAttr(default=None)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as error:
-            raise config_error(type(self), error) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        try:
-            super().__setattr__(name, value)
-        except ValidationError as error:
-            raise config_error(type(self), error) from None
 
     def model_post_init(self, __context: Any) -> None:
         """The SDK's checks and defaults, then meshtrain's checks of the whole job."""
