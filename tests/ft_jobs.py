@@ -65,6 +65,16 @@ def job_script(path: Path) -> ModuleType:
     return module
 
 
+def replay_start(script: ModuleType, vocab_size: int) -> tuple[Any, Any]:
+    """(model, optimizer) of the loader job's script as its ranks begin, in this process: the
+    start of a one-process replay of its committed steps."""
+    import torch
+
+    torch.manual_seed(script.INIT_SEED)
+    model = script.NextByte(vocab_size, script.WIDTH)
+    return model, torch.optim.AdamW(model.parameters(), lr=script.LR)
+
+
 def loader_slice(reference: Any, step: int, dp_rank: int, dp_size: int
                  ) -> tuple[list[int], list[list[int]]]:
     """(sample ids, samples of seq_len + 1 tokens) of data-parallel rank `dp_rank` of `dp_size`

@@ -54,6 +54,7 @@ from ft_jobs import (
     lead_example_distribution,
     loader_slice,
     rank_of_group,
+    replay_start,
     steps_after_finish,
     survivor_gaps,
     wait_for,
@@ -286,9 +287,7 @@ def test_a_one_process_replay_of_the_committed_steps_gives_every_loss(run, refer
     """One process steps the model on the rows of each committed step's groups (their mean
     loss, as the groups' gradient average is): every loss a group logged, within 1e-5."""
     script = job_script(SCRIPTS / "ft_loader_train.py")
-    torch.manual_seed(script.INIT_SEED)
-    model = script.NextByte(reference.vocab_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=script.LR)
+    model, optimizer = replay_start(script, reference.vocab_size)
     logged = {(r["step"], g): r["loss"] for g in range(GROUPS) for r in run.records(g)
               if r["committed"]}
     worst, compared = 0.0, 0

@@ -38,6 +38,7 @@ from ft_jobs import (
     lead_example_distribution,
     loader_slice,
     rank_of_group,
+    replay_start,
     wait_for,
 )
 
@@ -258,9 +259,7 @@ def test_every_loss_is_the_uninterrupted_runs(resumed, reference):
     script = job_script(SCRIPTS / "ft_loader_train.py")
     logged = [r for g in range(GROUPS) for r in _records(resumed, g) if r["committed"]]
     assert all(r["participants"] == [0, 1] for r in logged)
-    torch.manual_seed(script.INIT_SEED)
-    model = script.NextByte(reference.vocab_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=script.LR)
+    model, optimizer = replay_start(script, reference.vocab_size)
     expected: dict[tuple[int, int], float] = {}
     for step in range(RESUME_STEPS):
         losses = []

@@ -25,28 +25,11 @@ from pathlib import Path
 
 import torch
 from ft_hsdp_train import digest  # the same digest as the plain script's (scripts/ is the job's)
-from torch import nn
+from loader_train import NextByte, loss_fn  # the same model as the restart-and-reshard job's
 
 import meshtrain_runtime as mr
 
-INIT_SEED, LR = 0, 0.01
-
-
-class NextByte(nn.Module):
-    """Embedding -> MLP -> logits over the loader's byte ids."""
-
-    def __init__(self, vocab: int, width: int = 16) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.mlp = nn.Sequential(nn.Linear(width, width), nn.Tanh())
-        self.head = nn.Linear(width, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mlp(self.embed(tokens)))
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+INIT_SEED, LR, WIDTH = 0, 0.01, 16
 
 
 def main() -> None:
@@ -62,7 +45,7 @@ def main() -> None:
     loader = mr.data.loader("train", global_batch_size=args.global_batch_size,
                             seq_len=args.seq_len, steps=args.steps, num_workers=args.num_workers)
     torch.manual_seed(INIT_SEED)
-    model = mr.transform(NextByte(loader.vocab_size))
+    model = mr.transform(NextByte(loader.vocab_size, WIDTH))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     if args.checkpoint_every and mr.latest_checkpoint() is not None:
         mr.load_checkpoint(None, model, optimizer, loader=loader)
