@@ -2,7 +2,8 @@
 
 Each case is (Estimator arguments, fit arguments, part of the message); arguments may be
 callables of the test's Paths, for values that need a real file. Local cases run against
-``jobs_dir=<tmp>/jobs``; ML cases against moto (see conftest.py).
+``jobs_dir=<tmp>/jobs``; the SageMaker target's are in bad_input_cases_ml.py (run against
+moto, see conftest.py), the command lines in bad_input_cases_cli.py.
 """
 
 from __future__ import annotations
@@ -452,56 +453,6 @@ _FAULT_TOLERANCE = {
 LOCAL_CASES = {**_SOURCE, **_HYPERPARAMETERS, **_CLUSTER, **_DISTRIBUTION, **_VALUES, **_PATHS,
                **_KEYWORDS, **_FIT, **_FAULT_TOLERANCE}
 
-ML_CASES = {
-    "ml-count-zero": ({"instance_count": 0}, {}, "positive int"),
-    "ml-hp-nan": ({"hyperparameters": {"lr": float("nan")}}, {}, "not a finite number"),
-    "ml-hp-deep": ({"hyperparameters": {"d": deep(10_000)}}, {}, "deeper than 32"),
-    "ml-hp-reserved": ({"hyperparameters": {"mp_parameters": {}}}, {}, "reserved"),
-    "ml-hp-key-equals": ({"hyperparameters": {"a=b": 1}}, {}, "is invalid"),
-    "ml-hp-key-newline": ({"hyperparameters": {"lr\n": 1}}, {}, "did you mean 'lr'?"),
-    "ml-hp-huge-repr": ({"hyperparameters": {"ids": huge_set}}, {},
-                        "is not JSON-serialisable"),
-    "ml-env-name-newline": ({"environment": {"X\n": "1"}}, {}, "did you mean 'X'?"),
-    "ml-job-name-newline": ({}, {"job_name": "valid-name\n"}, "did you mean 'valid-name'?"),
-    "ml-base-name-newline": ({"base_job_name": "nightly\n"}, {"job_name": None},
-                             "did you mean 'nightly'?"),
-    "ml-channel-newline": ({}, {"inputs": {"train\n": "s3://bucket/data"}},
-                           "did you mean 'train'?"),
-    "ml-output-ftp": ({"output_path": "ftp://files.example.com/out"}, {}, "ftp:// URIs"),
-    "ml-ppn-no-torchrun": ({"distribution": {"torch_distributed": {"processes_per_host": 8}}},
-                           {}, "torch_distributed is not enabled"),
-    "ml-source-link": ({"source_dir": variant("escaping-link")}, {}, "outside"),
-    "ml-source-fifo": ({"source_dir": variant("fifo")}, {}, "is a FIFO"),
-    "ml-source-huge": ({"source_dir": variant("huge")}, {}, "Biggest: "),
-    "ml-volume-str": ({"volume_size": "30"}, {}, "volume_size must be"),
-    "ml-tags": ({"tags": [{"Key": 5, "Value": "v"}]}, {}, "one-line string"),
-    "ml-role-int": ({"role": 5}, {}, "role must be"),
-    "ml-instance-typ": ({"instance_typ": "ml.p4d.24xlarge"}, {}, "Did you mean 'instance_type'"),
-    "ml-subnet-typo": ({"subnet": ["s-1"]}, {}, "Did you mean 'subnets'"),
-    "ml-jobs-dir": ({"jobs_dir": "/tmp/x"}, {},
-                    "local / local Docker options, not honoured by SageMaker jobs"),
-    "ml-channel-dotdot": ({}, {"inputs": {"..": "s3://bucket/data"}}, "'..'"),
-    "ml-cp": ({"distribution": smp(ppn=None, context_parallel_degree=3)}, {},
-              "context_parallel_degree=3 must divide the resolved hybrid_shard_degree=8"),
-    "ml-sp": ({"distribution": smp(ppn=None, sequence_parallel=True)}, {},
-              "sequence_parallel=True"),
-    "ml-max-run": ({"max_run": 0}, {}, "max_run must be"),
-    "ml-entry-typo": ({"entry_point": "trian.py"}, {}, "Did you mean 'train.py'"),
-    "ml-env-nul": ({"environment": {"X": "\x00"}}, {}, "NUL"),
-    "ml-max-restarts": ({"distribution": {"torch_distributed": {"enabled": True,
-                                                                "max_restarts": 2}}}, {},
-                        "SageMaker jobs are not restarted"),
-    "ml-stop-grace": ({"distribution": {"torch_distributed": {"enabled": True,
-                                                              "stop_grace_seconds": 300}}}, {},
-                      "SageMaker sends SIGKILL 120 s after SIGTERM"),
-    "ml-fault-tolerance": ({"instance_count": 2, "distribution": {
-        "torch_distributed": {"enabled": True, "fault_tolerance": {"replica_groups": 2}},
-        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "hybrid_shard_degree": 8}}}}}, {},
-        "fault_tolerance (replica_groups=2) is not run on SageMaker: a SageMaker training job "
-        "restarts or fails as a whole"),
-}
-
 # Valid arguments that must pass every check (Estimator + build_spec + backend.validate).
 CONTROLS = {
     "plain": ({}, {}),
@@ -526,51 +477,4 @@ CONTROLS = {
                      {}),
     "context-parallel": ({"instance_count": 2, "distribution": smp(
         context_parallel_degree=2, cp_comm_type="a2a", tensor_parallel_degree=2)}, {}),
-}
-
-# Command lines that must exit 2 with a message and no traceback ({src}, {data}: real paths).
-CLI_CASES = {
-    "cli-count-abc": ["run", "{src}/train.py", "--instance-count", "abc"],
-    "cli-count-zero": ["run", "{src}/train.py", "--instance-count", "0"],
-    "cli-count-huge": ["run", "{src}/train.py", "--instance-count", "100000"],
-    "cli-hps-list": ["run", "{src}/train.py", "--hyperparameters", "[1]"],
-    "cli-hps-bad-json": ["run", "{src}/train.py", "--hyperparameters", "{nope"],
-    "cli-hps-nan": ["run", "{src}/train.py", "--hyperparameters", '{"lr": NaN}'],
-    "cli-hps-deep": ["run", "{src}/train.py", "--hyperparameters",
-                     '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"],
-    "cli-hps-reserved": ["run", "{src}/train.py", "--hyperparameters",
-                         '{"sagemaker_program": "x.py"}'],
-    "cli-dist-mpi": ["run", "{src}/train.py", "--distribution", '{"mpi": {"enabled": true}}'],
-    "cli-dist-bad-json": ["run", "{src}/train.py", "--distribution", "torchrun"],
-    "cli-dist-cp": ["run", "{src}/train.py", "--distribution", '{"torch_distributed": '
-                    '{"enabled": true}, "smdistributed": {"modelparallel": {"enabled": true, '
-                    '"parameters": {"context_parallel_degree": 2}}}}'],
-    "cli-input-no-equals": ["run", "{src}/train.py", "--input", "foo"],
-    "cli-input-empty-channel": ["run", "{src}/train.py", "--input", "=x"],
-    "cli-input-empty-path": ["run", "{src}/train.py", "--input", "train="],
-    "cli-input-missing": ["run", "{src}/train.py", "--input", "train=/no/such"],
-    "cli-input-dotdot": ["run", "{src}/train.py", "--input", "..={data}"],
-    "cli-input-twice": ["run", "{src}/train.py", "--input", "a={data}", "--input", "a={data}"],
-    "cli-job-name-space": ["run", "{src}/train.py", "--job-name", "a b"],
-    "cli-job-name-newline": ["run", "{src}/train.py", "--job-name", "a\nb"],
-    "cli-job-name-trailing-newline": ["run", "{src}/train.py", "--job-name", "run-1\n"],
-    "cli-plan-nan": ["plan", "--num-params", "nan"],
-    "cli-plan-inf": ["plan", "--num-params", "inf", "--gpus", "8"],
-    "cli-plan-gpu-memory-nan": ["plan", "--num-params", "7e9", "--gpus", "8", "--gpu-memory",
-                                "nan"],
-    "cli-entry-missing": ["run", "/no/such.py"],
-    "cli-entry-typo": ["run", "trian.py", "--source-dir", "{src}"],
-    "cli-source-missing": ["run", "train.py", "--source-dir", "/no/such"],
-    "cli-type-unknown": ["run", "{src}/train.py", "--instance-type", "gpu"],
-    "cli-jobs-dir-under-file": ["run", "{src}/train.py", "--jobs-dir", "{src}/train.py/jobs"],
-    "cli-run-no-entry": ["run"],
-    "cli-no-command": [],
-    "cli-unknown-command": ["frobnicate"],
-    "cli-unknown-option": ["run", "{src}/train.py", "--instance-tpye", "local"],
-    "cli-status-no-name": ["status"],
-    "cli-status-unknown": ["status", "no-such-job"],
-    "cli-logs-unknown": ["logs", "no-such-job"],
-    "cli-stop-unknown": ["stop", "no-such-job"],
-    "cli-list-max-zero": ["list", "--max", "0"],
-    "cli-list-max-text": ["list", "--max", "many"],
 }

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bad_input_cases import CLI_CASES, CONTROLS, LOCAL_CASES, ML, ML_CASES, Paths, make
+from bad_input_cases import CONTROLS, LOCAL_CASES, ML, Paths, make
+from bad_input_cases_cli import CLI_CASES
+from bad_input_cases_ml import ML_CASES
 
 from meshtrain import ConfigError, Estimator
 from meshtrain.cli import main

@@ -1,0 +1,50 @@
+"""The command lines of test_bad_inputs.py: each must exit 2 with a message and no traceback."""
+
+from __future__ import annotations
+
+# {src} and {data} are replaced with real paths by the test
+CLI_CASES = {
+    "cli-count-abc": ["run", "{src}/train.py", "--instance-count", "abc"],
+    "cli-count-zero": ["run", "{src}/train.py", "--instance-count", "0"],
+    "cli-count-huge": ["run", "{src}/train.py", "--instance-count", "100000"],
+    "cli-hps-list": ["run", "{src}/train.py", "--hyperparameters", "[1]"],
+    "cli-hps-bad-json": ["run", "{src}/train.py", "--hyperparameters", "{nope"],
+    "cli-hps-nan": ["run", "{src}/train.py", "--hyperparameters", '{"lr": NaN}'],
+    "cli-hps-deep": ["run", "{src}/train.py", "--hyperparameters",
+                     '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"],
+    "cli-hps-reserved": ["run", "{src}/train.py", "--hyperparameters",
+                         '{"sagemaker_program": "x.py"}'],
+    "cli-dist-mpi": ["run", "{src}/train.py", "--distribution", '{"mpi": {"enabled": true}}'],
+    "cli-dist-bad-json": ["run", "{src}/train.py", "--distribution", "torchrun"],
+    "cli-dist-cp": ["run", "{src}/train.py", "--distribution", '{"torch_distributed": '
+                    '{"enabled": true}, "smdistributed": {"modelparallel": {"enabled": true, '
+                    '"parameters": {"context_parallel_degree": 2}}}}'],
+    "cli-input-no-equals": ["run", "{src}/train.py", "--input", "foo"],
+    "cli-input-empty-channel": ["run", "{src}/train.py", "--input", "=x"],
+    "cli-input-empty-path": ["run", "{src}/train.py", "--input", "train="],
+    "cli-input-missing": ["run", "{src}/train.py", "--input", "train=/no/such"],
+    "cli-input-dotdot": ["run", "{src}/train.py", "--input", "..={data}"],
+    "cli-input-twice": ["run", "{src}/train.py", "--input", "a={data}", "--input", "a={data}"],
+    "cli-job-name-space": ["run", "{src}/train.py", "--job-name", "a b"],
+    "cli-job-name-newline": ["run", "{src}/train.py", "--job-name", "a\nb"],
+    "cli-job-name-trailing-newline": ["run", "{src}/train.py", "--job-name", "run-1\n"],
+    "cli-plan-nan": ["plan", "--num-params", "nan"],
+    "cli-plan-inf": ["plan", "--num-params", "inf", "--gpus", "8"],
+    "cli-plan-gpu-memory-nan": ["plan", "--num-params", "7e9", "--gpus", "8", "--gpu-memory",
+                                "nan"],
+    "cli-entry-missing": ["run", "/no/such.py"],
+    "cli-entry-typo": ["run", "trian.py", "--source-dir", "{src}"],
+    "cli-source-missing": ["run", "train.py", "--source-dir", "/no/such"],
+    "cli-type-unknown": ["run", "{src}/train.py", "--instance-type", "gpu"],
+    "cli-jobs-dir-under-file": ["run", "{src}/train.py", "--jobs-dir", "{src}/train.py/jobs"],
+    "cli-run-no-entry": ["run"],
+    "cli-no-command": [],
+    "cli-unknown-command": ["frobnicate"],
+    "cli-unknown-option": ["run", "{src}/train.py", "--instance-tpye", "local"],
+    "cli-status-no-name": ["status"],
+    "cli-status-unknown": ["status", "no-such-job"],
+    "cli-logs-unknown": ["logs", "no-such-job"],
+    "cli-stop-unknown": ["stop", "no-such-job"],
+    "cli-list-max-zero": ["list", "--max", "0"],
+    "cli-list-max-text": ["list", "--max", "many"],
+}
