@@ -12,6 +12,10 @@ Usage (a test):
 The worker runs on every rank under ``meshtrain_runtime.host.rank_entry`` (clean rank exit) with
 OMP_NUM_THREADS=1 and calls ``report({...})`` from tests/runtime/workers/report.py. The helper
 returns every record of every rank, ordered by rank then by call order; each has a "rank" key.
+
+The ranks are forked, with torchrun's environment, from one process that imported torch and
+transformers once (fork_ranks.py: a rank's imports cost more CPU than many tests' work);
+MESHTRAIN_TEST_LAUNCHER=torchrun starts them with torchrun itself.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import pytest
 
 WORKERS = Path(__file__).parent / "workers"
 RESULTS_ENV = "MESHTRAIN_TEST_RESULTS"
+LAUNCHER_ENV = "MESHTRAIN_TEST_LAUNCHER"
+FORK_RANKS = Path(__file__).parent / "fork_ranks.py"
 
 
 def run_torchrun(
@@ -45,17 +51,24 @@ def run_torchrun(
     (the whole process group is killed then).
     """
     with tempfile.TemporaryDirectory(prefix="meshtrain-torchrun-") as results:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "-m", "meshtrain_runtime.host.rank_entry",
-            str(worker), *args,
-        ]
+        command = launch_command(nproc, worker, *args)
         child_env = {**os.environ, "OMP_NUM_THREADS": "1", RESULTS_ENV: results, **(env or {})}
         child_env.pop("SM_HP_MP_PARAMETERS", None)
         output, code = _run(command, child_env, timeout)
         if code != 0:
             pytest.fail(f"{Path(worker).name} on {nproc} ranks exited {code}:\n{output[-6000:]}")
         return _read_records(Path(results), nproc)
+
+
+def launch_command(nproc: int, worker: str | os.PathLike, *args: str,
+                   launcher: str | None = None) -> list[str]:
+    """The command line that runs `worker` on `nproc` ranks: fork_ranks.py, or torchrun when
+    `launcher` (default: $MESHTRAIN_TEST_LAUNCHER) is "torchrun"."""
+    if (launcher or os.environ.get(LAUNCHER_ENV)) == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", "-m", "meshtrain_runtime.host.rank_entry",
+                str(worker), *args]
+    return [sys.executable, str(FORK_RANKS), str(nproc), str(worker), *args]
 
 
 def _run(command: list[str], env: dict[str, str], timeout: float) -> tuple[str, int]:
