@@ -11,7 +11,7 @@ What a rank sees is what torchrun's ranks see: the environment torchrun sets for
 single-node run (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, GROUP_RANK, ROLE_*,
 TORCHELASTIC_*; rank 0 serves the store, as env:// does without torchrun's agent store; no
 TORCHELASTIC_ERROR_FILE: rank_entry records a failing rank's error itself),
-a fresh Python `random` state, and ``meshtrain_runtime.host.rank_entry``'s run and clean end
+fresh Python and numpy random states, and ``meshtrain_runtime.host.rank_entry``'s run and clean end
 of the worker. As torchrun does, the first rank to fail ends the others, and this process
 exits with that rank's code. tests/runtime/test_fork_ranks.py runs a worker under this and
 under torchrun and compares what the ranks saw.
@@ -77,7 +77,10 @@ def run_rank(rank: int, env: dict[str, str], worker: str, args: list[str]) -> No
     code = 1
     try:
         os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
-        random.seed()  # a process of its own would not share the parent's random state
+        random.seed()  # a process of its own would not share the parent's random states
+        numpy = sys.modules.get("numpy")  # torch imports it
+        if numpy is not None:
+            numpy.random.seed()
         code = run_entry_point(worker, args)
     finally:
         end_process(code)
