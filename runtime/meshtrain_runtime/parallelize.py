@@ -66,7 +66,7 @@ from meshtrain_runtime.parallel.pipeline import (
     plan_pipeline,
 )
 from meshtrain_runtime.parallel.quiet import (
-    quiet_expert_gather_advice,
+    quiet_gather_order_advice,
     quiet_pipeline_stage_view_warnings,
     quiet_tensor_parallel_view_warnings,
 )
@@ -205,8 +205,9 @@ def _apply_data_parallel(
     )
     if not uses_fsdp(st, options):
         return model
+    if st.expert_mesh is not None or st.tensor_parallel_degree > 1:
+        quiet_gather_order_advice()  # full-tensor gathers over two axes: see quiet.py
     if st.expert_mesh is not None:  # experts first: the block-level groups then skip them
-        quiet_expert_gather_advice()  # their full-tensor gathers: see quiet.py
         expert_mesh = expert_data_parallel_mesh(st.expert_mesh, st.replicate_degree)
         shard_experts_with_fsdp(
             model,

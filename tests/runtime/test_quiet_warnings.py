@@ -9,7 +9,7 @@ from torch import nn
 
 from meshtrain_runtime.parallel.quiet import (
     REDISTRIBUTE_LOGGER,
-    quiet_expert_gather_advice,
+    quiet_gather_order_advice,
     quiet_tensor_parallel_view_warnings,
 )
 
@@ -73,8 +73,8 @@ def test_only_dtensors_all_gather_advice_is_dropped(single_process_runtime, capl
 
     single_process_runtime.init()
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("shard_mod_ep", "ep"))
-    quiet_expert_gather_advice()
-    quiet_expert_gather_advice()  # idempotent: one filter
+    quiet_gather_order_advice()
+    quiet_gather_order_advice()  # idempotent: one filter
     logger = logging.getLogger(REDISTRIBUTE_LOGGER)
     assert len([f for f in logger.filters if type(f).__name__ == "_DropExactGatherAdvice"]) == 1
     caplog.set_level(logging.WARNING, logger=REDISTRIBUTE_LOGGER)

@@ -70,16 +70,18 @@ class _DropExactGatherAdvice(logging.Filter):
         return not (gather and str(record.msg).startswith(_ADVICE))
 
 
-def quiet_expert_gather_advice() -> None:
-    """DTensor's advice on the experts' gathers, on every rank of an EP job (idempotent).
+def quiet_gather_order_advice() -> None:
+    """DTensor's advice on full-tensor gathers over several mesh axes, on every rank of an EP
+    job or of a TP job that FSDP2 shards too (idempotent).
 
-    Why it fires: FSDP2 shards each expert weight over ``shard_mod_ep`` on top of the ``ep``
-    split (``_StridedShard`` then ``Shard`` on one tensor dim), so a full tensor (a full state
-    dict, the export) is gathered by one all-gather per mesh axis, in an order torch cannot
-    merge into one ("non-ascending order"). Why it is safe to silence: an all-gather copies
-    shards and reduces nothing, so its order cannot change a value (the "inconsistent results"
-    torch warns of come from reductions, whose advice is kept), and it runs at export or
-    checkpoint time, not per step.
+    Why it fires: FSDP2 shards a weight over its data-parallel axis on top of a split it already
+    has on another axis of the same tensor dim (the experts' ``ep`` split; tensor parallelism's
+    ``Shard(0)``, ``_StridedShard`` then), so a full tensor (a full state dict, the export) is
+    gathered by one all-gather per mesh axis, in an order torch cannot merge into one
+    ("non-ascending order"). Why it is safe to silence: an all-gather copies shards and reduces
+    nothing, so its order cannot change a value (the "inconsistent results" torch warns of come
+    from reductions, whose advice is kept), and it runs at export or checkpoint time, not per
+    step.
     """
     logger = logging.getLogger(REDISTRIBUTE_LOGGER)
     if not any(isinstance(f, _DropExactGatherAdvice) for f in logger.filters):
