@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from meshtrain.backends.hosts.processes import rank_pids_of_job
-from meshtrain.contract import env as names
+from meshtrain.backends.hosts.processes import pids_of_group, rank_number
 
 TIMEOUT = 240.0  # a hang, not a speed: the 2-core box may be loaded
 
@@ -90,13 +89,8 @@ def loader_slice(reference: Any, step: int, dp_rank: int, dp_size: int
 
 def rank_of_group(token: str, group: int, rank: int) -> int | None:
     """The pid of group `group`'s rank `rank`, found among the job's processes."""
-    for pid in rank_pids_of_job(token):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (f"{names.MESHTRAIN_FT_REPLICA_GROUP}={group}".encode() in environ
-                and f"RANK={rank}".encode() in environ):
+    for pid in pids_of_group(token, group):
+        if rank_number(pid) == rank:  # RANK is each group's own: its torchrun world
             return pid
     return None
 

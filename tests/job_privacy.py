@@ -194,6 +194,8 @@ class Listener:
     port: int
     command: str = ""
     """The process's command line when it was seen (who it was, once it has ended)."""
+    name: str = ""
+    """The process's name then (/proc/PID/comm: a rank's is mt-rank-<RANK>)."""
 
     @property
     def loopback(self) -> bool:
@@ -231,6 +233,13 @@ def _command(pid: int) -> str:
         return ""
 
 
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def listeners(pids: Iterable[int]) -> list[Listener]:
     """Every listening TCP socket (IPv4 and IPv6) held by one of `pids`."""
     owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
@@ -240,5 +249,5 @@ def listeners(pids: Iterable[int]) -> list[Listener]:
             fields = line.split()
             if fields[3] == LISTEN and fields[9] in owner:
                 pid = owner[fields[9]]
-                found.append(Listener(pid, *_address(fields[1]), _command(pid)))
+                found.append(Listener(pid, *_address(fields[1]), _command(pid), _name(pid)))
     return found

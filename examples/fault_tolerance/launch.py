@@ -49,17 +49,18 @@ def estimator(steps: int, step_seconds: float) -> Estimator:
 
 
 def rank_of_group(job: Any, group: int, rank: int = 1) -> int | None:
-    """The pid of replica group `group`'s rank `rank` (each process carries its job's token
-    and its group in its environment; Linux, like torchft)."""
+    """The pid of replica group `group`'s rank `rank` (each process of the job carries its
+    token and its group in its environment, and each rank names itself mt-rank-<RANK>, what
+    ps shows; Linux, like torchft)."""
     wanted = {f"MESHTRAIN_JOB_TOKEN={job.token}".encode(),
-              f"MESHTRAIN_FT_REPLICA_GROUP={group}".encode(), f"RANK={rank}".encode()}
+              f"MESHTRAIN_FT_REPLICA_GROUP={group}".encode()}
     for entry in Path("/proc").iterdir():
         try:
             environ = set((entry / "environ").read_bytes().split(b"\0"))
-            command = (entry / "cmdline").read_bytes()
+            name = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if wanted <= environ and b"rank_entry" in command:
+        if wanted <= environ and name == f"mt-rank-{rank}":
             return int(entry.name)
     return None
 

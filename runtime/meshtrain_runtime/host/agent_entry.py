@@ -14,6 +14,8 @@ instead of ``python -m torch.distributed.run``. Arguments and behaviour are torc
 - when workers fail, torchrun's ``ChildFailedError`` traceback and its failure banner (30-40
   lines per host, none of them the cause: the ranks' own tracebacks are in the log) become one
   line naming the failed ranks, and exit code 1;
+- on a host without GPUs the ranks are forks of a fork server this agent starts first, with
+  their imports done (``fork_server.py``);
 - each rank's output is copied one whole line at a time (``whole_lines.py``): a line a rank is
   still writing never shares a line of the log with another rank's.
 Every other error keeps its traceback.
@@ -28,8 +30,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshtrain.contract.env import MESHTRAIN_JOB_NAME, MESHTRAIN_RANK_ERROR_DIR
-from meshtrain_runtime.host import whole_lines
+from meshtrain.contract.env import (
+    MESHTRAIN_JOB_NAME,
+    MESHTRAIN_RANK_ERROR_DIR,
+    MESHTRAIN_RANK_PRELOAD,
+)
+from meshtrain_runtime.host import fork_server, whole_lines
 from meshtrain_runtime.host.lifeline import die_with_parent
 from meshtrain_runtime.host.store import serve_rendezvous_store
 
@@ -74,6 +80,8 @@ def main() -> None:
     from torch.distributed.run import main as torchrun_main
 
     whole_lines.install()
+    if os.environ.get(MESHTRAIN_RANK_PRELOAD):  # ranks are forks: start their server first
+        fork_server.start(sys.argv[1:])
     served = serve_rendezvous_store(sys.argv[1:])  # the store on the job's interface only
     try:
         torchrun_main(sys.argv[1:])

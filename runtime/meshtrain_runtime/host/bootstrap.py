@@ -37,7 +37,7 @@ from meshtrain.contract.failures import (
 from meshtrain.contract.paths import OptMLPaths
 from meshtrain.contract.phases import Phase
 from meshtrain.contract.private_files import restrict_umask
-from meshtrain_runtime.host import rendezvous
+from meshtrain_runtime.host import fork_server, rank_entry, rendezvous
 from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
 from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
 from meshtrain_runtime.host.lifeline import die_with_parent
@@ -81,6 +81,9 @@ def build_command(contract: HostContract, script: Path, log_dir: Path | None = N
                         "--master-port", str(contract.master_port),
                         "--node-rank", str(contract.node_rank)]
     log_dir = log_dir or host_work_dir(contract.paths) / "torchrun"
+    if fork_server.forks_ranks(contract.num_gpus, os.environ):  # ranks forked, imports done
+        wrapped = [str(Path(rank_entry.__file__)), *wrapped[2:]]
+        command += ["--start-method", fork_server.FORKSERVER, "--run-path"]
     return [*command, "--tee", "3", "--log-dir", str(log_dir), *wrapped]
 
 
@@ -100,8 +103,12 @@ def _rendezvous_name(contract: HostContract) -> str:
     return contract.job_name if group is None else f"{contract.job_name}-group-{group}"
 
 
-def build_environment(contract: HostContract, error_dir: Path) -> dict[str, str]:
+def build_environment(contract: HostContract, error_dir: Path,
+                      script: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if script is not None and contract.torch_distributed and fork_server.forks_ranks(
+            contract.num_gpus, os.environ):
+        env[names.MESHTRAIN_RANK_PRELOAD] = ",".join(fork_server.preload_modules(script))
     env.update(build_sm_env(contract))
     env["PYTHONPATH"] = python_path(contract.code_dir)
     env[names.MESHTRAIN_RANK_ERROR_DIR] = str(error_dir)
@@ -256,8 +263,9 @@ def train(paths: OptMLPaths, forwarder: StopForwarder | None = None) -> int:
                                                len(contract.world_hosts))
         rendezvous.wait_until_resolvable(rendezvous.endpoint_host(elastic, contract.master_addr))
     announce(Phase.LAUNCH, launch_text(contract))
-    code, tail = run_streaming(command, build_environment(contract, error_dir),
-                               contract.code_dir, forwarder)
+    environment = build_environment(contract, error_dir, script)
+    with fork_server.server_folder(environment):
+        code, tail = run_streaming(command, environment, contract.code_dir, forwarder)
     if code == 0 and forwarder.received is None:
         paths.output_dir.mkdir(parents=True, exist_ok=True)
         paths.success_file.touch()

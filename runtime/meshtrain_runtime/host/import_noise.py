@@ -39,9 +39,14 @@ class _DropMatching(logging.Filter):
         return not self.pattern.search(record.getMessage())
 
 
+def drop_log_lines(logger_name: str, pattern: re.Pattern[str]) -> None:
+    """Drop the records of logger `logger_name` whose message matches `pattern` (idempotent)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropMatching) and f.pattern == pattern for f in logger.filters):
+        logger.addFilter(_DropMatching(pattern))
+
+
 def quiet_torchao_import() -> None:
     """Drop the torchao import messages above (idempotent)."""
     for name, pattern in _NOISE.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMatching) for f in logger.filters):
-            logger.addFilter(_DropMatching(pattern))
+        drop_log_lines(name, pattern)

@@ -18,6 +18,7 @@ in a container or on SageMaker the bootstrap is the main process and has no such
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -27,6 +28,7 @@ from pathlib import Path
 from meshtrain.contract.env import MESHTRAIN_JOB_TOKEN
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15  # the calling thread's name: the process's, called from its main thread
 
 
 def _carries_token(pid: int, token: str) -> bool:
@@ -53,3 +55,11 @@ def die_with_parent() -> bool:
     if not _carries_token(os.getppid(), token):
         os._exit(128 + signal.SIGKILL)
     return True
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (/proc/PID/comm, what ps and top show; Linux keeps 15 bytes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)

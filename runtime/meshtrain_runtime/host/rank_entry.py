@@ -1,10 +1,13 @@
 """Run one rank's copy of the user's entry point and end the process cleanly.
 
-torchrun starts ``python -m meshtrain_runtime.host.rank_entry <script.py> <args...>`` on every rank.
-The wrapper runs the script as ``__main__`` (like ``python script.py``), records a failing rank's
-traceback where the bootstrap finds it, and ends the rank with barrier -> destroy_process_group ->
-flush -> ``os._exit``: gloo's worker threads can otherwise abort a successful process at exit
-("terminate called without an active exception"), which torchrun would report as a failure.
+torchrun starts ``python -m meshtrain_runtime.host.rank_entry <script.py> <args...>`` on every rank,
+or, on a host without GPUs, runs this file in a fork of the host's fork server (``--run-path``,
+see `meshtrain_runtime.host.fork_server`). The wrapper runs the script as ``__main__`` (like
+``python script.py``), records a failing rank's traceback where the bootstrap finds it, and ends
+the rank with barrier -> destroy_process_group -> flush -> ``os._exit``: gloo's worker threads can
+otherwise abort a successful process at exit ("terminate called without an active exception"),
+which torchrun would report as a failure. A forked rank that succeeded returns to torchrun's
+process wrapper instead, which ends it the same way once it has reported the rank done.
 In a local job the rank first ties its life to its parent (see `meshtrain_runtime.host.lifeline`).
 """
 
@@ -13,17 +16,23 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
-import json
+import multiprocessing
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
-from pathlib import Path
 
-from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, MESHTRAIN_SOURCE_DIR, SM_CURRENT_HOST
+from meshtrain.contract.env import (
+    MESHTRAIN_RANK_ERROR_DIR,
+    MESHTRAIN_SOURCE_DIR,
+    RANK_PROCESS_NAME_PREFIX,
+    SM_CURRENT_HOST,
+)
+from meshtrain.contract.failures import write_rank_record
 from meshtrain.contract.paths import OptMLPaths
-from meshtrain_runtime.host.lifeline import die_with_parent
+from meshtrain_runtime.host.lifeline import die_with_parent, name_process
 
 USER_ERROR_EXIT_CODE = 1
 
@@ -40,12 +49,10 @@ def record_failure(error: BaseException, error_dir: str | None) -> None:
         "traceback": user_traceback(error),
         "time": time.time(),
     }
-    path = Path(error_dir) / f"rank-{rank}.json"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report))
+        write_rank_record(error_dir, report)
     except OSError as write_error:  # a full disk: the traceback on stderr is all that is left
-        print(f"meshtrain: could not record this rank's failure in {path}: {write_error}",
+        print(f"meshtrain: could not record this rank's failure in {error_dir}: {write_error}",
               file=sys.stderr)
 
 
@@ -162,13 +169,51 @@ def finish_replica_group() -> None:
                   file=sys.stderr)
 
 
+def name_rank() -> None:
+    """Name this process ``mt-rank-<RANK>`` (what ps and top show): how the client tells a job's
+    ranks from its other processes, a forked rank's command line being its agent's
+    (host/fork_server.py)."""
+    name_process(f"{RANK_PROCESS_NAME_PREFIX}{os.environ.get('RANK', '0')}")
+
+
+def become_own_process() -> None:
+    """In a rank forked from the host's fork server: take SIGTERM again (the server blocks it),
+    go by the main process's name, and draw numpy's global random numbers apart from the other
+    ranks, as a process of its own would (Python's ``random`` reseeds itself in a fork)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    multiprocessing.current_process().name = "MainProcess"  # what libraries check for
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def finish_forked() -> None:
+    """A forked rank's clean end: the atexit handlers and flushed output, then back to torchrun's
+    process wrapper, which reports the rank done (an exit here would read as no result) and
+    leaves without C++ static destructors (multiprocessing ends its children with os._exit)."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+
 def main() -> None:
-    die_with_parent()  # a rank never outlives its torchrun agent (or bootstrap)
+    die_with_parent()  # a rank never outlives its torchrun agent, fork server or bootstrap
+    forked = multiprocessing.parent_process() is not None  # a fork of the host's fork server
+    if forked:
+        become_own_process()
+    name_rank()
     if len(sys.argv) < 2:
         print("usage: python -m meshtrain_runtime.host.rank_entry SCRIPT [ARGS...]",
               file=sys.stderr)
         end_process(2)
-    end_process(run_entry_point(sys.argv[1], sys.argv[2:]))
+    code = run_entry_point(sys.argv[1], sys.argv[2:])
+    if forked and code == 0:
+        finish_forked()
+        return
+    end_process(code)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,14 @@ Nothing here imports torch before the script does.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
 from meshtrain.contract.env import MESHTRAIN_RANK_ERROR_DIR, SM_CURRENT_HOST
+from meshtrain.contract.failures import write_rank_record
 from meshtrain_runtime.host.progress_hooks import install as install_progress_hooks
 
 HANG_TIMEOUT_ENV = "MESHTRAIN_HANG_TIMEOUT"
@@ -43,9 +42,23 @@ _COLLECTIVE_FRAMES = (f"torch{os.sep}distributed{os.sep}", f"torch{os.sep}autogr
                       f"torch{os.sep}nn{os.sep}parallel{os.sep}")
 
 
+_RANK_WRAPPER = (os.path.join("meshtrain_runtime", "host", "rank_entry.py"), "run_entry_point")
+
+
+def rank_frames(stack: traceback.StackSummary) -> list[traceback.FrameSummary]:
+    """The frames above the rank wrapper's call of the script: what the script runs, without
+    the launch below it (a forked rank's stack starts in torchrun's and multiprocessing's
+    code). The whole stack when the wrapper is not on it."""
+    frames = list(stack)
+    starts = [i for i, frame in enumerate(frames)
+              if frame.filename.endswith(_RANK_WRAPPER[0]) and frame.name == _RANK_WRAPPER[1]]
+    return frames[starts[-1] + 1:] if starts else frames
+
+
 def in_collective(stack: traceback.StackSummary) -> bool:
-    """True if a frame of `stack` is torch's distributed or autograd machinery."""
-    return any(part in frame.filename for frame in stack for part in _COLLECTIVE_FRAMES)
+    """True if a frame the script runs is torch's distributed or autograd machinery."""
+    return any(part in frame.filename for frame in rank_frames(stack)
+               for part in _COLLECTIVE_FRAMES)
 
 
 class HangWatchdog:
@@ -123,7 +136,7 @@ class HangWatchdog:
 def _user_frames(stack: traceback.StackSummary) -> list[traceback.FrameSummary]:
     """The stack without runpy's and this runtime's launcher frames: users see their code."""
     launcher = f"meshtrain_runtime{os.sep}host{os.sep}"
-    return [frame for frame in stack
+    return [frame for frame in rank_frames(stack)
             if "runpy" not in frame.filename and launcher not in frame.filename]
 
 
@@ -134,9 +147,7 @@ def _record(rank: str, message: str, detail: str) -> None:
     report = {"rank": int(rank), "host": os.environ.get(SM_CURRENT_HOST, ""),
               "message": message, "traceback": detail, "time": time.time()}
     try:
-        path = Path(error_dir) / f"rank-{rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report))
+        write_rank_record(error_dir, report)
     except OSError as error:
         print(f"meshtrain: could not record the hang report: {error}", file=sys.stderr)
 

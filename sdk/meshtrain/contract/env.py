@@ -53,6 +53,13 @@ MESHTRAIN_RANK_ERROR_DIR = "MESHTRAIN_RANK_ERROR_DIR"  # where failing ranks lea
 MESHTRAIN_ATTEMPT = "MESHTRAIN_ATTEMPT"  # 1, then 2, 3 ... when a job's hosts are restarted
 MESHTRAIN_STOP_GRACE_SECONDS = "MESHTRAIN_STOP_GRACE_SECONDS"  # SIGTERM -> SIGKILL on a stop
 MESHTRAIN_NUM_GPUS = "MESHTRAIN_NUM_GPUS"  # override GPU detection on a host
+# "exec": one fresh process per rank, also on a host without GPUs, where ranks are otherwise
+# forks of a process that imported torch once (meshtrain_runtime.host.fork_server)
+MESHTRAIN_RANK_START = "MESHTRAIN_RANK_START"
+MESHTRAIN_RANK_PRELOAD = "MESHTRAIN_RANK_PRELOAD"  # the fork server's imports (by the bootstrap)
+MESHTRAIN_FORK_SERVER_DIR = "MESHTRAIN_FORK_SERVER_DIR"  # its socket's folder (by the bootstrap)
+# every rank's process name (/proc/PID/comm) is this and its RANK: how a job's ranks are found
+RANK_PROCESS_NAME_PREFIX = "mt-rank-"
 # The user's source_dir (the folder the code dir was packed from) where it is on the client's
 # machine: tracebacks name the user's files, not the job's copy in /opt/ml/code
 MESHTRAIN_SOURCE_DIR = "MESHTRAIN_SOURCE_DIR"

@@ -11,6 +11,7 @@ as consequences and never chosen while a primary exists.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from dataclasses import asdict, dataclass
@@ -124,6 +125,18 @@ def write_host_record(path: Path, host: str, exit_code: int,
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(path)
+
+
+def write_rank_record(error_dir: str | Path, report: dict[str, Any]) -> Path:
+    """Write a rank's failure record, ``<error_dir>/rank-<rank>.json``, atomically: the rank may
+    be ended while it writes (its agent ends a failed job's ranks at once), and a record cut in
+    half would lose the rank's failure; the one it replaces stays whole until then."""
+    path = Path(error_dir) / f"rank-{report['rank']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report))
+    tmp.replace(path)
+    return path
 
 
 def read_host_record(path: Path) -> list[RankFailure]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from meshtrain.contract.failures import (
     pick_root_cause,
 )
 from meshtrain.contract.jobspec import write_host_config
-from meshtrain_runtime.host import bootstrap
+from meshtrain_runtime.host import bootstrap, rank_entry
 from meshtrain_runtime.host.contract import HostContract, build_sm_env
 from meshtrain_runtime.host.provision import ProvisionError, provision_code
 
@@ -49,8 +50,25 @@ def test_torchrun_command_uses_static_rendezvous_with_algo1_as_node0(tmp_path):
     assert "-m meshtrain_runtime.host.agent_entry --nproc-per-node 4 --nnodes 3" in text  # torchrun
     assert "--master-addr algo-1 --master-port 7777 --node-rank 1" in text
     assert "--rdzv-backend" not in text  # static: algo-1 is node 0, as on SageMaker
+    user_args = "--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x"
+    # no GPUs: the ranks are forks of the agent's fork server, which runs rank_entry's file
+    assert text.endswith(f"--start-method forkserver --run-path --tee 3 --log-dir "
+                         f"{contract.paths.output_dir}/meshtrain/torchrun "
+                         f"{rank_entry.__file__} {contract.paths.code_dir}/train.py {user_args}")
+
+
+@pytest.mark.parametrize("gpus, start", [(8, ""), (0, "exec")])
+def test_ranks_are_processes_of_their_own_on_gpus_or_when_asked(tmp_path, monkeypatch, gpus,
+                                                                 start):
+    monkeypatch.setenv("MESHTRAIN_NUM_GPUS", str(gpus))
+    monkeypatch.setenv("MESHTRAIN_RANK_START", start)
+    contract = host_tree(tmp_path)
+    text = " ".join(bootstrap.build_command(contract, contract.paths.code_dir / "train.py"))
+    assert "--start-method" not in text and "--run-path" not in text
     assert text.endswith(f"-m meshtrain_runtime.host.rank_entry {contract.paths.code_dir}/train.py "
                          '--lr 0.1 --mp_parameters hybrid_shard_degree=2 --name x')
+    environment = bootstrap.build_environment(contract, tmp_path, tmp_path / "train.py")
+    assert "MESHTRAIN_RANK_PRELOAD" not in environment
 
 
 def test_single_host_without_torchrun_runs_python_once(tmp_path):
@@ -143,6 +161,26 @@ def test_collect_failures_merges_rank_tracebacks_with_the_agents_view(tmp_path):
     assert by_rank[2].kind == "exception" and by_rank[2].secondary  # its traceback, not "exit 1"
     stopped = bootstrap.collect_failures("algo-1", tmp_path / "none", 1, "", 15, None)
     assert stopped[0].message == "stopped by SIGTERM (signal 15)" and stopped[0].secondary
+
+
+def test_a_rank_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A rank's agent may end it while it writes its record (a peer failed first): the record
+    it had (its hang report) must not be cut in half by the one it was writing."""
+    from meshtrain.contract import failures
+
+    hang = {"rank": 0, "message": "Hang: no progress for 10 s, waiting in a collective for a peer",
+            "time": 10.0}
+    failures.write_rank_record(tmp_path, hang)
+
+    def ended_while_writing(path, text):
+        Path(path).write_bytes(text.encode()[:10])  # the write the rank did not finish
+        raise KeyboardInterrupt
+    monkeypatch.setattr(failures.Path, "write_text", ended_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        failures.write_rank_record(tmp_path, {**hang, "message": GLOO, "time": 30.0})
+    monkeypatch.undo()
+    (record,) = bootstrap.collect_failures("algo-1", tmp_path, 1, "", None, None)
+    assert record.message == hang["message"] and record.secondary
 
 
 def test_root_cause_is_the_earliest_primary_never_a_secondary_collective_error():

@@ -14,8 +14,8 @@ from meshtrain.contract.failures import RankFailure, pick_root_cause
 from meshtrain_runtime.host.watchdog import in_collective
 
 
-def stack(*files: str) -> traceback.StackSummary:
-    return traceback.StackSummary.from_list([(f, 1, "f", "") for f in files])
+def stack(*files: str, name: str = "f") -> traceback.StackSummary:
+    return traceback.StackSummary.from_list([(f, 1, name, "") for f in files])
 
 
 def test_a_rank_inside_torch_distributed_or_autograd_is_waiting_in_a_collective():
@@ -23,6 +23,20 @@ def test_a_rank_inside_torch_distributed_or_autograd_is_waiting_in_a_collective(
     assert in_collective(stack("/job/train.py", f"{site}/distributed/distributed_c10d.py"))
     assert in_collective(stack("/job/train.py", f"{site}/autograd/graph.py"))
     assert not in_collective(stack("/job/train.py", "/usr/lib/python3.11/threading.py"))
+
+
+def test_the_launch_below_the_script_is_not_a_collective():
+    """A forked rank's stack starts in torchrun's code (torch/distributed/run.py, elastic's
+    process wrapper): only what runs above the rank wrapper's call of the script counts."""
+    site = "/venv/lib/python3.11/site-packages"
+    launch = stack(f"{site}/torch/distributed/run.py", f"{site}/torch/distributed/elastic/"
+                   "multiprocessing/api.py", name="_wrap")
+    wrapper = stack(f"{site}/meshtrain_runtime/host/rank_entry.py", name="run_entry_point")
+    sleeping = stack("<frozen runpy>", "/job/train.py", "/usr/lib/python3.11/threading.py")
+    waiting = stack("/job/train.py", f"{site}/torch/distributed/distributed_c10d.py")
+    assert not in_collective(traceback.StackSummary.from_list([*launch, *wrapper, *sleeping]))
+    assert in_collective(traceback.StackSummary.from_list([*launch, *wrapper, *waiting]))
+    assert in_collective(launch)  # no wrapper on the stack: every frame counts
 
 
 PROBE = textwrap.dedent("""

@@ -14,7 +14,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from meshtrain.contract.env import MESHTRAIN_FT_REPLICA_GROUP, MESHTRAIN_JOB_TOKEN
+from meshtrain.contract.env import (
+    MESHTRAIN_FT_REPLICA_GROUP,
+    MESHTRAIN_JOB_TOKEN,
+    RANK_PROCESS_NAME_PREFIX,
+)
 
 SWEEP_ROUNDS = 5  # SIGKILL sweeps, for processes a dying parent forked meanwhile
 
@@ -125,18 +129,32 @@ AGENT_MODULE = b"meshtrain_runtime.host.agent_entry"
 AFTER_RANKS_SECONDS = 5.0  # once the ranks are gone, how long torchrun gets to exit by itself
 
 
+def rank_number(pid: int) -> int | None:
+    """The RANK of process `pid` when it is a rank (every rank names itself ``mt-rank-<RANK>``,
+    /proc/PID/comm: a forked one shows its agent's command line and environment), else None."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    number = name.removeprefix(RANK_PROCESS_NAME_PREFIX)
+    return int(number) if number != name and number.isdigit() else None
+
+
+def is_rank(pid: int) -> bool:
+    """Whether process `pid` is a rank: it named itself, or, still starting, it runs
+    meshtrain_runtime.host.rank_entry."""
+    if rank_number(pid) is not None:
+        return True
+    try:
+        parts = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return RANK_MODULE in parts and AGENT_MODULE not in parts  # the agent names it too
+
+
 def rank_pids_of_job(token: str) -> list[int]:
-    """The job's live rank processes (those running meshtrain_runtime.host.rank_entry)."""
-    found = []
-    for pid in pids_of_job(token):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        parts = cmdline.split(b"\0")
-        if RANK_MODULE in parts and AGENT_MODULE not in parts:  # the agent names it too
-            found.append(pid)
-    return found
+    """The job's live rank processes."""
+    return [pid for pid in pids_of_job(token) if is_rank(pid)]
 
 
 def stop_groups_gracefully(pgids: list[int], token: str, grace_seconds: float) -> None:
