@@ -37,7 +37,7 @@ from meshtrain.contract.failures import (
 from meshtrain.contract.paths import OptMLPaths
 from meshtrain.contract.phases import Phase
 from meshtrain.contract.private_files import restrict_umask
-from meshtrain_runtime.host import fork_server, rank_entry, rendezvous
+from meshtrain_runtime.host import fork_server, rank_entry, rank_preload, rendezvous
 from meshtrain_runtime.host.agent_entry import AGENT_FAILURES
 from meshtrain_runtime.host.contract import PYTHON, HostContract, build_sm_env, python_path
 from meshtrain_runtime.host.lifeline import die_with_parent
@@ -108,7 +108,7 @@ def build_environment(contract: HostContract, error_dir: Path,
     env = dict(os.environ)
     if script is not None and contract.torch_distributed and fork_server.forks_ranks(
             contract.num_gpus, os.environ):
-        env[names.MESHTRAIN_RANK_PRELOAD] = ",".join(fork_server.preload_modules(script))
+        env[names.MESHTRAIN_RANK_PRELOAD] = ",".join(rank_preload.preload_modules(script))
     env.update(build_sm_env(contract))
     env["PYTHONPATH"] = python_path(contract.code_dir)
     env[names.MESHTRAIN_RANK_ERROR_DIR] = str(error_dir)

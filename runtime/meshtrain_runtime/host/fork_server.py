@@ -5,7 +5,7 @@ transformers: 2-4 CPU-seconds each, before its first line of training. On a host
 torchrun starts the ranks with its ``forkserver`` start method instead (``--start-method
 forkserver --run-path``, public torchrun options). Its fork server is a fork of the agent, taken
 once the agent has imported torch and before torchrun starts any thread (`start`); it imports
-what the ranks will import (`preload_modules`), and each rank is a fork of it, with those
+what the ranks will import (`rank_preload`), and each rank is a fork of it, with those
 imports done.
 
 What a forked rank sees is what a rank of its own sees: torchrun's environment, the job's
@@ -30,9 +30,7 @@ differs, and why it is safe:
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import importlib
 import os
 import re
 import shutil
@@ -42,7 +40,6 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from meshtrain.contract.env import (
@@ -50,6 +47,7 @@ from meshtrain.contract.env import (
     MESHTRAIN_RANK_PRELOAD,
     MESHTRAIN_RANK_START,
 )
+from meshtrain_runtime.host import rank_preload
 from meshtrain_runtime.host.import_noise import drop_log_lines
 from meshtrain_runtime.host.lifeline import die_with_parent, name_process
 
@@ -58,66 +56,10 @@ SERVER_PROCESS_NAME = "mt-fork-server"
 SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 UNIX_SOCKET_PATH_MAX = 107  # Linux: sun_path holds 108 bytes with the final NUL
 SOCKET_PATH_BELOW_BASE = len("/mt-fork-xxxxxxxx/pymp-xxxxxxxx/listener-xxxxxxxx")
-# what every rank of a meshtrain job imports (rank_entry's wrapper, the runtime's layouts)
-RANK_MODULES = (
-    "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
-    "torch.distributed.checkpoint", "torch.distributed.run",
-    "meshtrain_runtime.host.rank_entry", "meshtrain_runtime.parallelize",
-)
-# libraries whose import is worth doing once and is safe to fork after: no threads, no CUDA
-FORK_SAFE_LIBRARIES = frozenset({"torch", "transformers", "numpy", "meshtrain_runtime"})
-# transformers' imports are lazy: its cost is in the model code, loaded on first use
-HEAVY_PARTS = {"transformers": "transformers.modeling_utils"}
-
-
 def forks_ranks(num_gpus: int, environ: dict[str, str] | os._Environ) -> bool:
     """Whether this host's ranks start as forks of a fork server (module docstring)."""
     wanted = environ.get(MESHTRAIN_RANK_START, "fork")
     return wanted != "exec" and num_gpus == 0 and sys.platform.startswith("linux")
-
-
-def preload_modules(script: Path) -> list[str]:
-    """What the fork server imports for `script`: every rank's modules, and what the script (or
-    a module of its own folder it imports) takes from fork-safe libraries, found by reading its
-    source, never by running it. ``module:name`` entries are names taken from a module (a lazy
-    package such as meshtrain_runtime or transformers loads their code on first use)."""
-    found = list(RANK_MODULES)
-    for entry in _imports(script, set()):
-        top = entry.partition(":")[0].split(".")[0]
-        if top in FORK_SAFE_LIBRARIES:
-            found += [part for part in (HEAVY_PARTS.get(top), entry) if part]
-    return list(dict.fromkeys(found))
-
-
-def _imports(script: Path, seen: set[Path]) -> Iterator[str]:
-    """`script`'s imports and the names it uses from them (``module`` or ``module:name``), and
-    those of the modules of its own folder that it imports."""
-    if script in seen or not script.is_file():
-        return
-    seen.add(script)
-    try:
-        tree = ast.parse(script.read_text(encoding="utf-8", errors="replace"))
-    except (SyntaxError, ValueError, OSError):
-        return  # the rank reports a broken script itself
-    aliases: dict[str, str] = {}  # a name `import` binds in the script -> its module
-    imported: set[str] = set()  # top-level names of every module imported
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name
-                top = alias.name.split(".")[0]
-                aliases[alias.asname or top] = alias.name if alias.asname else top
-                imported.add(top)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            yield node.module
-            yield from (f"{node.module}:{alias.name}" for alias in node.names)
-            imported.add(node.module.split(".")[0])
-    for node in ast.walk(tree):  # `mt.forward_backward`: the name a lazy package loads
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases):
-            yield f"{aliases[node.value.id]}:{node.attr}"
-    for module in sorted(imported):
-        yield from _imports(script.parent / f"{module}.py", seen)
 
 
 def start(torchrun_args: list[str]) -> None:
@@ -225,9 +167,11 @@ def _become_server() -> None:
 
     die_with_parent()  # the agent's end ends it (and, with theirs, its ranks)
     name_process(SERVER_PROCESS_NAME)
-    forkserver._forkserver._lock = threading.Lock()  # held by the agent's ensure_running
+    server = getattr(forkserver, "_forkserver", None)  # the library's one ForkServer
+    if isinstance(getattr(server, "_lock", None), type(threading.Lock())):
+        server._lock = threading.Lock()  # held by the agent's ensure_running, which forked
     before = set(os.environ)
-    preload()
+    rank_preload.preload()
     for name in set(os.environ) - before:  # set by an import (inductor's default cache dir):
         del os.environ[name]  # a rank sets it itself if it imports that module
 
@@ -282,17 +226,3 @@ def _sigterm_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def preload() -> None:
-    """Import what MESHTRAIN_RANK_PRELOAD lists. A module that fails to import is left to the
-    rank, which imports it again and reports what went wrong."""
-    from meshtrain_runtime.host.import_noise import quiet_torchao_import
-
-    quiet_torchao_import()  # transformers imports torchao: the ranks' filter, set before it
-    for entry in filter(None, os.environ.get(MESHTRAIN_RANK_PRELOAD, "").split(",")):
-        module, _, name = entry.partition(":")
-        with contextlib.suppress(Exception):
-            loaded = importlib.import_module(module)
-            if name:
-                getattr(loaded, name)  # a lazy module's attribute loads its code

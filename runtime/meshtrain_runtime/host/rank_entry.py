@@ -189,14 +189,29 @@ def become_own_process() -> None:
 
 def finish_forked() -> None:
     """A forked rank's clean end: the atexit handlers and flushed output, then back to torchrun's
-    process wrapper, which reports the rank done (an exit here would read as no result) and
-    leaves without C++ static destructors (multiprocessing ends its children with os._exit)."""
+    process wrapper, which reports the rank done (an exit here would read as no result), waits
+    until every rank of the host is done and leaves without C++ static destructors
+    (multiprocessing ends its children with os._exit).
+
+    That wait ends only when torchrun reads every rank's result, which it stops doing once it
+    ends the ranks (a stop, a failed peer): it sends SIGTERM then, and a rank that has finished
+    leaves at once, as a rank of its own has already left; so does one that was sent SIGTERM
+    before it finished (the stop it saved for)."""
+    from meshtrain_runtime.stopping import local_stop_requested
+
     try:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+    signal.signal(signal.SIGTERM, _leave_finished)  # first: a later SIGTERM cannot be missed
+    if local_stop_requested():
+        _leave_finished()
+
+
+def _leave_finished(*_signal: object) -> None:
+    os._exit(0)
 
 
 def main() -> None:

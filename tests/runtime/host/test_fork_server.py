@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from meshtrain.backends.hosts.processes import pids_of_job, rank_number
-from meshtrain_runtime.host import fork_server, rank_entry
+from meshtrain_runtime.host import fork_server, rank_entry, rank_preload
 
 pytestmark = pytest.mark.multiprocess
 WORKER = Path(__file__).parents[1] / "workers" / "fork_view.py"
@@ -48,10 +48,13 @@ def start(tmp_path: Path, forked: bool, *worker_args: str, token: str | None = N
           ) -> subprocess.Popen:
     results = tmp_path / "results"
     results.mkdir(parents=True, exist_ok=True)
+    # a rank that does not leave when torchrun ends the ranks would be killed after this, long
+    # after the launches' 180-s wait: such a hang fails the test instead
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           RESULTS_ENV: str(results), "MESHTRAIN_RANK_ERROR_DIR": str(tmp_path / "errors")}
+           RESULTS_ENV: str(results), "MESHTRAIN_RANK_ERROR_DIR": str(tmp_path / "errors"),
+           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "600"}
     if forked:
-        env["MESHTRAIN_RANK_PRELOAD"] = ",".join(fork_server.preload_modules(WORKER))
+        env["MESHTRAIN_RANK_PRELOAD"] = ",".join(rank_preload.preload_modules(WORKER))
     command = agent_command(tmp_path / "logs", forked, *worker_args)
     if token:
         env["MESHTRAIN_JOB_TOKEN"] = token
@@ -148,8 +151,10 @@ def test_the_ranks_are_forks_of_one_server_the_agent_forked(launches):
 
 def test_a_stop_gives_forked_ranks_their_grace_and_ends_in_one_line(launches):
     """The fork server, also sent SIGTERM, outlives it: its ranks (which die with it) finish
-    the second of work they take after the stop."""
+    the second of work they take after the stop, and then leave (torchrun, ending them, no
+    longer reads the result it would otherwise wait to hand over)."""
     assert [r["rank"] for r in launches["stopped"]] == [0, 1]
+    assert "forcefully exiting" not in launches["stop_output"]
     assert launches["stop_code"] == 128 + signal.SIGTERM, launches["stop_output"]
     assert "Traceback" not in launches["stop_output"]
     assert launches["stop_output"].strip().splitlines()[-1] == (
@@ -224,13 +229,13 @@ def test_what_the_server_preloads_follows_the_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import requests\nimport helper\nfrom transformers import LlamaConfig\n"
                       "import meshtrain_runtime as mt\nloss = mt.forward_backward(requests.x)\n")
-    modules = fork_server.preload_modules(script)
-    assert modules[:len(fork_server.RANK_MODULES)] == list(fork_server.RANK_MODULES)
-    extra = modules[len(fork_server.RANK_MODULES):]
+    modules = rank_preload.preload_modules(script)
+    assert modules[:len(rank_preload.RANK_MODULES)] == list(rank_preload.RANK_MODULES)
+    extra = modules[len(rank_preload.RANK_MODULES):]
     assert extra == ["transformers.modeling_utils", "transformers", "transformers:LlamaConfig",
                      "meshtrain_runtime", "meshtrain_runtime:forward_backward", "numpy"]
     script.write_text("this is not Python (\n")
-    assert fork_server.preload_modules(script) == list(fork_server.RANK_MODULES)
+    assert rank_preload.preload_modules(script) == list(rank_preload.RANK_MODULES)
 
 
 @pytest.mark.parametrize("gpus, start_method, forks", [
