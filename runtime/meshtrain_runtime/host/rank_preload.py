@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from meshtrain.contract.env import MESHTRAIN_RANK_PRELOAD
+from meshtrain_runtime.compat import ALIAS, TARGET
 
-# what every rank of a meshtrain job imports (rank_entry's wrapper, the runtime's layouts)
+# what every rank imports before its script (torchrun's wrapper, rank_entry's): the rest is
+# what the script takes, so a plain torch script does not pay for the runtime's layouts
 RANK_MODULES = (
-    "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
-    "torch.distributed.checkpoint", "torch.distributed.run",
-    "meshtrain_runtime.host.rank_entry", "meshtrain_runtime.parallelize",
+    "torch", "torch.distributed", "torch.distributed.run", "meshtrain_runtime.host.rank_entry",
+    "meshtrain_runtime.compat", "meshtrain_runtime.host.watchdog", "meshtrain_runtime.stopping",
 )
 # libraries whose import is worth doing once and is safe to fork after: no threads, no CUDA
 FORK_SAFE_LIBRARIES = frozenset({"torch", "transformers", "numpy", "meshtrain_runtime"})
@@ -37,11 +38,18 @@ def preload_modules(script: Path) -> list[str]:
     source, never by running it. ``module:name`` entries are names taken from a module (a lazy
     package such as meshtrain_runtime or transformers loads their code on first use)."""
     found = list(RANK_MODULES)
-    for entry in _imports(script, set()):
+    for entry in map(_real_name, _imports(script, set())):
         top = entry.partition(":")[0].split(".")[0]
         if top in FORK_SAFE_LIBRARIES:
             found += [part for part in (HEAVY_PARTS.get(top), entry) if part]
     return list(dict.fromkeys(found))
+
+
+def _real_name(entry: str) -> str:
+    """``torch.sagemaker`` (an SMP v2 script's import) as the module the rank's alias loads."""
+    if entry == ALIAS or entry.startswith((f"{ALIAS}.", f"{ALIAS}:")):
+        return TARGET + entry[len(ALIAS):]
+    return entry
 
 
 def _imports(script: Path, seen: set[Path]) -> Iterator[str]:

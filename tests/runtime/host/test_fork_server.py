@@ -228,12 +228,14 @@ def test_what_the_server_preloads_follows_the_script(tmp_path):
     (tmp_path / "helper.py").write_text("import numpy\nfrom . import sibling\n")
     script = tmp_path / "train.py"
     script.write_text("import requests\nimport helper\nfrom transformers import LlamaConfig\n"
-                      "import meshtrain_runtime as mt\nloss = mt.forward_backward(requests.x)\n")
+                      "import meshtrain_runtime as mt\nloss = mt.forward_backward(requests.x)\n"
+                      "import torch.sagemaker as tsm\n")
     modules = rank_preload.preload_modules(script)
     assert modules[:len(rank_preload.RANK_MODULES)] == list(rank_preload.RANK_MODULES)
     extra = modules[len(rank_preload.RANK_MODULES):]
     assert extra == ["transformers.modeling_utils", "transformers", "transformers:LlamaConfig",
-                     "meshtrain_runtime", "meshtrain_runtime:forward_backward", "numpy"]
+                     "meshtrain_runtime", "meshtrain_runtime.compat.smp",
+                     "meshtrain_runtime:forward_backward", "numpy"]
     script.write_text("this is not Python (\n")
     assert rank_preload.preload_modules(script) == list(rank_preload.RANK_MODULES)
 

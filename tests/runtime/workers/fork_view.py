@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-PRELOADED = "torch.distributed.fsdp" in sys.modules  # before this script imports anything
+PRELOADED = "torch.distributed.fsdp" in sys.modules  # before this script imports it (below)
 
 import argparse  # noqa: E402
 import multiprocessing  # noqa: E402
@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 import numpy  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from report import report  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402, F401 - what the server preloads
 
 
 def blocked(signal_number: int) -> bool:
