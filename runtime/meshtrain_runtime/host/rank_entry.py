@@ -107,14 +107,21 @@ def shutdown_distributed(success: bool) -> None:
         print(f"meshtrain: process group teardown failed: {error}", file=sys.stderr)
 
 
-def end_process(code: int) -> None:
-    """Run atexit handlers, flush stdio and leave without C++ static destructors."""
+def run_exit_handlers() -> None:
+    """Run the atexit handlers and flush stdio, as an interpreter's normal end would."""
     try:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+
+
+def end_process(code: int) -> None:
+    """Run atexit handlers, flush stdio and leave without C++ static destructors."""
+    try:
+        run_exit_handlers()
+    finally:
         os._exit(code)
 
 
@@ -199,12 +206,7 @@ def finish_forked() -> None:
     before it finished (the stop it saved for)."""
     from meshtrain_runtime.stopping import local_stop_requested
 
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+    run_exit_handlers()
     signal.signal(signal.SIGTERM, _leave_finished)  # first: a later SIGTERM cannot be missed
     if local_stop_requested():
         _leave_finished()
